@@ -1,0 +1,35 @@
+"""pipeline_opt: find out why a PyTorch training job leaves its GPU idle, and fix the data side.
+
+    import pipeline_opt as po
+    report = po.profile(loader, model)          # where the time goes, and the bottleneck
+    result = po.autotune(loader, model)         # a faster loader you can trust
+    for batch in result.loader: ...
+"""
+
+from pipeline_opt import datasets, integrations, transforms
+from pipeline_opt._logging import enable_console_logging, get_logger
+from pipeline_opt._version import __version__
+from pipeline_opt.profile import LoopProfiler, OpStat, ProfileReport, StepRecord, WorkerStats, profile, profile_loop
+from pipeline_opt.transforms import DeviceLoader, split_transforms
+from pipeline_opt.tune import Trial, TuneResult, autotune
+
+__all__ = [
+    "DeviceLoader",
+    "LoopProfiler",
+    "OpStat",
+    "ProfileReport",
+    "StepRecord",
+    "Trial",
+    "TuneResult",
+    "WorkerStats",
+    "__version__",
+    "autotune",
+    "datasets",
+    "enable_console_logging",
+    "get_logger",
+    "integrations",
+    "profile",
+    "profile_loop",
+    "split_transforms",
+    "transforms",
+]

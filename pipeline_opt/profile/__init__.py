@@ -1,0 +1,6 @@
+"""Measuring: the main-process step profiler, the per-worker profiler, the trace merge, the diagnosis."""
+
+from pipeline_opt.profile.api import LoopProfiler, profile, profile_loop
+from pipeline_opt.profile.report import BOTTLENECKS, OpStat, ProfileReport, StepRecord, WorkerStats
+
+__all__ = ["BOTTLENECKS", "LoopProfiler", "OpStat", "ProfileReport", "StepRecord", "WorkerStats", "profile", "profile_loop"]

@@ -1,0 +1,1 @@
+"""Presenting: text tables, JSON, self-contained HTML with plots, the baseline ledger, progress."""

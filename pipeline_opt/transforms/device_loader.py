@@ -1,0 +1,5 @@
+"""Device loader (placeholder)."""
+
+
+class DeviceLoader:
+    pass

@@ -1,0 +1,65 @@
+"""Result dataclasses of :func:`pipeline_opt.autotune` (the API contract; fields may be added)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline_opt.profile.report import ProfileReport, _plain
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured candidate configuration."""
+
+    config: dict[str, Any]
+    throughput: float  # median samples/s over the trial's repeat windows (0.0 when it failed)
+    spread: float  # (max - min) / median of those windows
+    accepted: bool
+    reason: str  # why it was accepted, rejected, skipped or failed
+    status: str = "ok"  # ok | failed | skipped
+    windows: tuple[float, ...] = ()  # throughput of each repeat window
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`pipeline_opt.autotune` found. ``loader`` is ready to use in training."""
+
+    loader: Any = field(repr=False, compare=False)
+    config: dict[str, Any]
+    baseline: ProfileReport
+    best: ProfileReport
+    trials: tuple[Trial, ...]
+    speedup: float  # best.throughput / baseline.throughput (measured in the same run)
+    noise: float = 0.0  # measured run-to-run relative spread of the baseline
+    tuning_time_s: float = 0.0
+    not_tried: tuple[str, ...] = ()  # candidates skipped for lack of budget, with the reason
+    original_config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loader"}
+        return json.loads(json.dumps(_plain(out)))
+
+    def table(self) -> str:
+        from pipeline_opt.report.text import tune_table
+
+        return tune_table(self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write tune.json, tune.txt, tune.html, and the baseline/ and best/ profile reports."""
+        from pipeline_opt.report.html import render_tune_html
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "tune.json").write_text(json.dumps(self.to_dict(), indent=2))
+        (d / "tune.txt").write_text(self.table() + "\n")
+        self.baseline.save(d / "baseline")
+        self.best.save(d / "best")
+        (d / "tune.html").write_text(render_tune_html(self.to_dict()))
+        # the best trial's merged trace at the top level, for a one-click look
+        (d / "trace.json").write_text((d / "best" / "trace.json").read_text())
+        return d
