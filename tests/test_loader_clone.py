@@ -1,0 +1,82 @@
+"""clone_loader keeps what a loader yields and changes only the tuned settings."""
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
+
+from pipeline_opt.loader_clone import clone_loader, loader_config
+
+
+def _dataset(n=64):
+    return TensorDataset(torch.arange(n), torch.arange(n) * 2)
+
+
+def _indices(loader):
+    return [b[0].tolist() for b in loader]
+
+
+def test_shuffled_clone_yields_same_order_and_leaves_user_generator_alone():
+    ds = _dataset()
+    g = torch.Generator().manual_seed(7)
+    user = DataLoader(ds, batch_size=8, shuffle=True, generator=g)
+    state_before = g.get_state().clone()
+    clone = clone_loader(user, num_workers=2, prefetch_factor=3)
+    cloned_order = _indices(clone)
+    assert torch.equal(g.get_state(), state_before), "iterating the clone advanced the user's generator"
+    assert _indices(user) == cloned_order
+    assert clone.num_workers == 2 and clone.prefetch_factor == 3
+
+
+def test_settings_normalised_and_reported():
+    user = DataLoader(_dataset(), batch_size=5, drop_last=True, num_workers=2, persistent_workers=True)
+    zero = clone_loader(user, num_workers=0)
+    assert loader_config(zero) == {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
+                                   "prefetch_factor": None, "batch_size": 5}
+    assert zero.drop_last and len(zero) == len(user) == 64 // 5
+    assert _indices(zero) == _indices(user)
+
+
+def test_custom_batch_sampler_collate_and_worker_init_are_kept():
+    ds = _dataset(30)
+    bs = BatchSampler(SequentialSampler(ds), batch_size=4, drop_last=False)
+
+    def collate(items):
+        return torch.stack([i[0] for i in items]), "tag"
+
+    user = DataLoader(ds, batch_sampler=bs, collate_fn=collate)
+    clone = clone_loader(user, num_workers=0)
+    assert clone.collate_fn is collate
+    assert [b[0].tolist() for b in clone] == [b[0].tolist() for b in user]
+    assert all(b[1] == "tag" for b in clone)
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def test_iterable_dataset_clone():
+    user = DataLoader(_Stream(), batch_size=3)
+    clone = clone_loader(user, num_workers=0)
+    assert [b.tolist() for b in clone] == [b.tolist() for b in user]
+
+
+def test_infinite_dataloader_is_rebuilt_as_itself():
+    build = pytest.importorskip("ultralytics.data.build")
+    user = build.InfiniteDataLoader(_dataset(32), batch_size=8, shuffle=False, num_workers=0)
+    clone = clone_loader(user, num_workers=1, prefetch_factor=4)
+    assert type(clone) is build.InfiniteDataLoader
+    assert loader_config(clone)["prefetch_factor"] == 4
+    assert [b[0].tolist() for b in clone] == [b[0].tolist() for b in user]
+    clone.close()
+    user.close()
+
+
+def test_bad_overrides_name_the_value():
+    user = DataLoader(_dataset(), batch_size=4)
+    with pytest.raises(ValueError, match="num_workers=-1"):
+        clone_loader(user, num_workers=-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        clone_loader(user, batch_size=3)
+    with pytest.raises(TypeError, match="list"):
+        clone_loader([1, 2, 3])
