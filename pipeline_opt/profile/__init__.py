@@ -1,6 +1,19 @@
 """Measuring: the main-process step profiler, the per-worker profiler, the trace merge, the diagnosis."""
 
 from pipeline_opt.profile.api import LoopProfiler, profile, profile_loop
+from pipeline_opt.profile.collector import WorkerCollector
+from pipeline_opt.profile.install import install_worker_profiling
 from pipeline_opt.profile.report import BOTTLENECKS, OpStat, ProfileReport, StepRecord, WorkerStats
 
-__all__ = ["BOTTLENECKS", "LoopProfiler", "OpStat", "ProfileReport", "StepRecord", "WorkerStats", "profile", "profile_loop"]
+__all__ = [
+    "BOTTLENECKS",
+    "LoopProfiler",
+    "OpStat",
+    "ProfileReport",
+    "StepRecord",
+    "WorkerCollector",
+    "WorkerStats",
+    "install_worker_profiling",
+    "profile",
+    "profile_loop",
+]

@@ -42,6 +42,7 @@ class StepRecord:
     compute_s: float  # the step itself, synchronised
     step_s: float  # data_wait_s + h2d_s + compute_s (wall time between step starts)
     samples: int
+    launch_s: float = 0.0  # host seconds the main thread spent issuing the step (= compute_s on CPU)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ProfileReport:
     device: str = "cpu"
     loader_config: dict[str, Any] = field(default_factory=dict)  # num_workers, pin_memory, ...
     environment: dict[str, Any] = field(default_factory=dict)  # torch version, cpu count, gpu name ...
+    sync_frac: float = 0.0  # share of the window in host-device syncs / collectives (self CPU time)
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,158 @@
+"""Turn the main-process and worker measurements into a :class:`ProfileReport`.
+
+Shared by ``po.profile`` and the in-loop profiler: medians and window shares, the per-worker
+aggregates Little's law needs, the diagnosis and the merged trace.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline_opt.profile.collector import WorkerRecord
+from pipeline_opt.profile.diagnosis import Measurements, diagnose
+from pipeline_opt.profile.main_profiler import MainResult, median
+from pipeline_opt.profile.report import ProfileReport
+from pipeline_opt.profile.trace import build_trace
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (CPU affinity), else the CPU count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def pillow_simd_installed() -> bool:
+    """True when the installed PIL is Pillow-SIMD."""
+    try:
+        import PIL
+
+        return importlib.metadata.version("pillow-simd") == PIL.__version__ and ".post" in PIL.__version__
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        return False
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Versions and hardware the numbers were measured on."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "pillow_simd": pillow_simd_installed(),
+    }
+    try:
+        import torchvision
+
+        env["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    try:
+        import PIL
+
+        env["pillow"] = PIL.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def model_facts(model: torch.nn.Module | None) -> tuple[str, bool]:
+    """(parameter dtype name, whether the model has convolutions)."""
+    if model is None:
+        return "float32", False
+    dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), "float32")
+    has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return dtype, has_conv
+
+
+def _clamp(x: float) -> float:
+    return min(max(x, 0.0), 1.0)
+
+
+def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_config: dict[str, Any],
+                 device: torch.device, model: torch.nn.Module | None,
+                 limit_throughput: float | None) -> ProfileReport:
+    """The report for one profiling session."""
+    steps = main.steps
+    if not steps:
+        raise RuntimeError("no step was measured: run at least warm-up + 1 steps before asking for the report")
+    window = main.window_s
+    data_wait_frac = _clamp(sum(s.data_wait_s for s in steps) / window) if window > 0 else 0.0
+    sync_frac = _clamp(main.sync_s / window) if window > 0 else 0.0
+    batches = sum(r.batches for r in records)
+    samples = sum(r.samples for r in records)
+    sample_ns = sum(r.sample_ns for r in records)
+    collate_ns = sum(r.collate_ns for r in records)
+    transform_ns: dict[str, int] = {}
+    for r in records:
+        for name, ns in r.transform_ns.items():
+            transform_ns[name] = transform_ns.get(name, 0) + ns
+    transform_s = {k: v / samples / 1e9 for k, v in transform_ns.items()} if samples else {}
+    batch_cpu_s = (sample_ns + collate_ns) / batches / 1e9 if batches else 0.0
+    step_time = median([s.step_s for s in steps])
+    compute = median([s.compute_s for s in steps])
+    throughput = main.throughput
+    efficiency = throughput / limit_throughput if limit_throughput else None
+    dtype, has_conv = model_facts(model)
+    env = environment(device)
+    measurements = Measurements(
+        device_type=device.type,
+        step_time_s=step_time,
+        compute_time_s=compute,
+        data_wait_frac=data_wait_frac,
+        gpu_idle_frac=main.gpu_idle_frac,
+        launch_time_s=median([s.launch_s for s in steps]),
+        sync_frac=sync_frac,
+        sync_ops=main.sync_ops,
+        batch_cpu_s=batch_cpu_s,
+        sample_s=sample_ns / samples / 1e9 if samples else 0.0,
+        transform_s=transform_s,
+        num_workers=int(loader_config.get("num_workers") or 0),
+        prefetch_factor=loader_config.get("prefetch_factor"),
+        pin_memory=bool(loader_config.get("pin_memory")),
+        persistent_workers=bool(loader_config.get("persistent_workers")),
+        usable_cpus=env["usable_cpus"],
+        pillow_simd=env["pillow_simd"],
+        model_dtype=dtype,
+        has_conv=has_conv,
+        throughput=throughput,
+        limit_throughput=limit_throughput,
+    )
+    diagnosis = diagnose(measurements)
+    trace_events = build_trace(main, records, main_pid=os.getpid(),
+                               num_workers=int(loader_config.get("num_workers") or 0))
+    return ProfileReport(
+        throughput=throughput,
+        step_time_s=step_time,
+        data_wait_frac=data_wait_frac,
+        gpu_idle_frac=main.gpu_idle_frac,
+        bottleneck=diagnosis.bottleneck,
+        evidence=diagnosis.evidence,
+        recommendations=diagnosis.recommendations,
+        workers=tuple(r.stats() for r in records),
+        collate_s=collate_ns / batches / 1e9 if batches else 0.0,
+        batch_cpu_s=batch_cpu_s,
+        compute_time_s=compute,
+        limit_throughput=limit_throughput,
+        efficiency=efficiency,
+        top_cpu_ops=main.top_cpu_ops,
+        top_cuda_ops=main.top_cuda_ops,
+        steps=steps,
+        batch_size=int(loader_config.get("batch_size") or (steps[0].samples if steps else 0)),
+        device=str(device),
+        loader_config=dict(loader_config),
+        environment=env,
+        sync_frac=sync_frac,
+        trace_events=tuple(trace_events),
+    )

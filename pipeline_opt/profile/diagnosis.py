@@ -1,0 +1,268 @@
+"""The diagnosis: which part sets the pace, the evidence, and what to change.
+
+Pure functions of measured numbers (:class:`Measurements`), so they are tested on recorded numbers
+without a GPU. Signatures (thresholds below):
+
+* **sync** — host-device syncs / collectives (``cudaStreamSynchronize``, ``.item()``, NCCL) take a
+  large share of the window;
+* **data** — the main thread is blocked in ``next(loader)`` for a large share of the step;
+* **compute** — the GPU is busy (on CPU: the loader costs almost nothing);
+* **launch** — the GPU idles although the loader is not the cause (the main thread cannot issue
+  kernels fast enough);
+* **balanced** — none of the above dominates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DATA_WAIT_HIGH = 0.30  # data-bound above this share of the step blocked on the loader
+DATA_WAIT_LOW = 0.10  # below it the loader keeps up
+GPU_IDLE_LOW = 0.15  # compute-bound when the GPU idles less than this
+GPU_IDLE_HIGH = 0.30  # launch-bound when it idles more than this with a low data wait
+SYNC_HIGH = 0.25  # sync-bound above this share of the window in sync ops
+TRANSFORM_SHARE = 0.05  # a transform worth naming takes at least this share of sample time
+
+# Tensor-level / simple geometric transforms with a GPU counterpart (po.transforms / Kornia).
+GPU_CAPABLE = frozenset({
+    "Normalize", "Resize", "CenterCrop", "ToTensor", "ConvertImageDtype", "ToDtype", "ToImage",
+    "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "GaussianBlur", "Grayscale",
+    "RandomAffine", "RandomPerspective", "RandomHSV", "RandomFlip", "Lambda",
+})
+PIL_RESIZE = frozenset({"Resize", "RandomResizedCrop", "ScaleJitter", "RandomShortestSize"})
+
+_SYNC_RE = re.compile(
+    r"cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(?!Async)|aten::item|aten::_local_scalar_dense"
+    r"|nccl|all_?reduce|all_?gather|reduce_scatter|broadcast|barrier|c10d::",
+    re.IGNORECASE,
+)
+
+
+def is_sync_op(name: str) -> bool:
+    """True for host-device synchronisations and collectives (not ``cudaDeviceSynchronize``,
+    which the profiler itself issues at the window's ends)."""
+    return bool(_SYNC_RE.search(name))
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """The numbers the diagnosis reads (seconds are medians / means per step or per sample)."""
+
+    device_type: str  # "cuda" gets the GPU signatures; anything else the CPU ones
+    step_time_s: float
+    compute_time_s: float  # GPU time of the step on CUDA, host time on CPU
+    data_wait_frac: float
+    gpu_idle_frac: float | None = None
+    launch_time_s: float = 0.0  # host time issuing the step
+    sync_frac: float = 0.0
+    sync_ops: tuple[str, ...] = ()
+    batch_cpu_s: float = 0.0  # worker wall seconds to make one batch (0 when not measured)
+    sample_s: float = 0.0  # worker seconds per sample
+    transform_s: Mapping[str, float] = field(default_factory=dict)  # seconds per sample, by name
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    usable_cpus: int = 1
+    pillow_simd: bool = False
+    model_dtype: str = "float32"
+    has_conv: bool = False
+    throughput: float = 0.0
+    limit_throughput: float | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The bottleneck, the evidence behind it, and concrete changes to make."""
+
+    bottleneck: str
+    evidence: tuple[str, ...]
+    recommendations: tuple[str, ...]
+
+
+def _base_name(name: str) -> str:
+    return name.split("#", 1)[0]
+
+
+def step_budget_s(m: Measurements) -> float:
+    """The time one step takes without waiting on data: what the loader must keep up with."""
+    budget = max(m.compute_time_s, m.launch_time_s)
+    if budget <= 0:
+        budget = m.step_time_s * (1.0 - m.data_wait_frac)
+    return budget
+
+
+def workers_needed(batch_cpu_s: float, step_s: float, margin: int = 1) -> int:
+    """Little's law: workers that keep a step of ``step_s`` fed with batches costing ``batch_cpu_s``."""
+    if batch_cpu_s < 0 or step_s <= 0:
+        raise ValueError(f"batch_cpu_s={batch_cpu_s!r} must be >= 0 and step_s={step_s!r} > 0")
+    return max(1, math.ceil(batch_cpu_s / step_s) + margin)
+
+
+def max_workers(m: Measurements) -> int:
+    """Workers the machine can host: usable cores minus the main thread (and the pin-memory thread)."""
+    reserved = 1 + (1 if m.pin_memory and m.device_type == "cuda" else 0)
+    return max(1, m.usable_cpus - reserved)
+
+
+def classify(m: Measurements) -> str:
+    """The bottleneck name for ``m``."""
+    if m.sync_frac >= SYNC_HIGH and m.sync_frac >= m.data_wait_frac:
+        return "sync"
+    if m.data_wait_frac >= DATA_WAIT_HIGH:
+        return "data"
+    if m.device_type == "cuda" and m.gpu_idle_frac is not None:
+        if m.gpu_idle_frac <= GPU_IDLE_LOW:
+            return "compute"
+        if m.gpu_idle_frac >= GPU_IDLE_HIGH and m.data_wait_frac < DATA_WAIT_LOW:
+            return "launch"
+        return "balanced"
+    if m.data_wait_frac < DATA_WAIT_LOW:
+        return "compute"
+    return "balanced"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _transform_shares(m: Measurements) -> list[tuple[str, float]]:
+    if m.sample_s <= 0:
+        return []
+    shares = [(name, s / m.sample_s) for name, s in m.transform_s.items()]
+    return sorted(shares, key=lambda kv: -kv[1])
+
+
+def evidence(m: Measurements) -> tuple[str, ...]:
+    """Sentences stating the measured facts behind the diagnosis."""
+    out = [f"data wait {_pct(m.data_wait_frac)} of step time (median step {m.step_time_s:.4f} s, "
+           f"compute {m.compute_time_s:.4f} s)"]
+    if m.gpu_idle_frac is not None:
+        out.append(f"GPU idle {_pct(m.gpu_idle_frac)} of the measured window")
+    if m.device_type == "cuda" and m.launch_time_s > 0:
+        out.append(f"main thread issues a step in {m.launch_time_s:.4f} s (host) for {m.compute_time_s:.4f} s "
+                   "of GPU time")
+    if m.sync_frac > 0.01:
+        ops = ", ".join(m.sync_ops[:3]) or "sync ops"
+        out.append(f"host-device sync / collectives {_pct(m.sync_frac)} of the window ({ops})")
+    if m.batch_cpu_s > 0:
+        budget = step_budget_s(m)
+        out.append(f"workers need {m.batch_cpu_s:.4f} s per batch vs a step budget of {budget:.4f} s "
+                   f"with {m.num_workers} worker(s)")
+    shares = _transform_shares(m)
+    if shares:
+        top = ", ".join(f"{n} {_pct(s)}" for n, s in shares[:3])
+        out.append(f"per-sample time {m.sample_s * 1e3:.2f} ms; transforms: {top}")
+    if m.limit_throughput:
+        out.append(f"throughput {m.throughput:.1f} samples/s = {_pct(m.throughput / m.limit_throughput)} of "
+                   f"the {m.limit_throughput:.1f} samples/s the step reaches on a device-resident batch")
+    return tuple(out)
+
+
+def _littles_law_text(m: Measurements) -> str:
+    budget = step_budget_s(m)
+    return f"Little's law: batch CPU {m.batch_cpu_s:.3f} s / step {budget:.3f} s = {m.batch_cpu_s / budget:.1f}, +1"
+
+
+def _data_recommendations(m: Measurements) -> list[str]:
+    recs: list[str] = []
+    cap = max_workers(m)
+    if m.batch_cpu_s > 0 and step_budget_s(m) > 0:
+        need = workers_needed(m.batch_cpu_s, step_budget_s(m))
+        target = min(need, cap)
+        if target > m.num_workers:
+            recs.append(f"raise num_workers from {m.num_workers} to {target} ({_littles_law_text(m)})")
+        if need > cap:
+            recs.append(f"{need} workers would be needed but only {cap} cores are free for workers: "
+                        "reduce the CPU work per sample (below)")
+        if need <= m.num_workers:
+            recs.append(f"{m.num_workers} workers already cover the {m.batch_cpu_s:.3f} s of CPU per batch: the wait "
+                        "comes from moving batches across processes; ship uint8 images instead of float32 "
+                        "(4x fewer bytes) and pack each batch into one tensor")
+    elif m.num_workers == 0:
+        recs.append(f"use worker processes: num_workers={min(4, cap)} (samples are made on the main thread now)")
+    if m.num_workers > 0 and not m.persistent_workers:
+        recs.append("set persistent_workers=True (workers are re-created every epoch otherwise)")
+    if m.device_type == "cuda" and not m.pin_memory:
+        recs.append("set pin_memory=True (page-locked buffers make the host-to-device copy asynchronous)")
+    recs += _transform_recommendations(m)
+    return recs
+
+
+def _transform_recommendations(m: Measurements) -> list[str]:
+    recs = []
+    shares = _transform_shares(m)
+    movable = [(n, s) for n, s in shares if _base_name(n) in GPU_CAPABLE and s >= TRANSFORM_SHARE]
+    if movable and m.device_type == "cuda":
+        names = ", ".join(f"{n} ({_pct(s)} of sample time)" for n, s in movable)
+        recs.append(f"move {names} to the GPU: cpu, gpu = po.transforms.split_transforms(compose); "
+                    "po.DeviceLoader(loader, transform=gpu) (and ship uint8)")
+    elif movable:
+        names = ", ".join(f"{n} ({_pct(s)})" for n, s in movable)
+        recs.append(f"cheapen the per-sample CPU work: {names}")
+    resize = sum(s for n, s in shares if _base_name(n) in PIL_RESIZE)
+    if resize >= 0.25 and not m.pillow_simd:
+        recs.append(f"install Pillow-SIMD: resizing is {_pct(resize)} of worker time and Pillow-SIMD resizes 5-8x "
+                    "faster (pip uninstall -y pillow && CC=\"cc -mavx2\" pip install --no-cache-dir --no-deps "
+                    "pillow-simd)")
+    transformed = sum(s for _, s in shares)
+    if shares and transformed < 0.5:
+        recs.append(f"{_pct(1 - transformed)} of sample time is outside the transforms (reading / decoding): "
+                    "decode at reduced size (PIL Image.draft) or on the GPU (torchvision.io.decode_jpeg(device='cuda'))")
+    return recs
+
+
+def _fewer_workers(m: Measurements, why: str) -> list[str]:
+    if m.batch_cpu_s <= 0 or step_budget_s(m) <= 0 or m.num_workers <= 1:
+        return []
+    need = workers_needed(m.batch_cpu_s, step_budget_s(m))
+    if need < m.num_workers:
+        return [f"lower num_workers from {m.num_workers} to {need} ({_littles_law_text(m)}); {why}"]
+    return []
+
+
+def recommend(m: Measurements, bottleneck: str) -> tuple[str, ...]:
+    """Concrete changes for ``bottleneck`` given ``m``."""
+    recs: list[str] = []
+    if bottleneck == "data":
+        recs = _data_recommendations(m)
+    elif bottleneck == "compute":
+        if m.device_type == "cuda" and m.model_dtype == "float32":
+            recs.append("use mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) around the forward pass")
+        if m.has_conv:
+            recs.append("use channels_last: model.to(memory_format=torch.channels_last) and the same for the images")
+        recs.append("try torch.compile(model); a smaller input resolution or batch trades accuracy for speed")
+        recs += _fewer_workers(m, "the loader keeps up with fewer, which frees CPU")
+    elif bottleneck == "launch":
+        recs += _fewer_workers(m, "extra workers steal CPU from the main thread that launches the kernels")
+        recs.append("cut per-step launch overhead: torch.compile(model, mode='reduce-overhead') (CUDA graphs), "
+                    "a larger batch, fewer small ops")
+        if m.device_type == "cuda" and m.model_dtype == "float32":
+            recs.append("mixed precision (bf16 autocast) shortens kernels but not launches: measure after the above")
+    elif bottleneck == "sync":
+        ops = ", ".join(m.sync_ops[:3]) or "sync ops"
+        recs.append(f"remove per-step host syncs ({ops}): avoid .item() / .cpu() / printing losses every step; "
+                    "log metrics every N steps")
+        if any(re.search(r"nccl|all_?reduce|c10d", o, re.IGNORECASE) for o in m.sync_ops):
+            recs.append("for DDP: overlap communication (bucket_cap_mb, gradient_as_bucket_view=True) and use "
+                        "no_sync() during gradient accumulation")
+    else:
+        if m.batch_cpu_s > 0 and step_budget_s(m) > 0:
+            need = min(workers_needed(m.batch_cpu_s, step_budget_s(m)), max_workers(m))
+            if need > m.num_workers:
+                recs.append(f"raise num_workers from {m.num_workers} to {need} ({_littles_law_text(m)})")
+        recs += _transform_recommendations(m)
+    return tuple(recs)
+
+
+def diagnose(m: Measurements) -> Diagnosis:
+    """Classify, explain and recommend."""
+    for name in ("data_wait_frac", "sync_frac"):
+        value = getattr(m, name)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value!r} must be in 0..1")
+    bottleneck = classify(m)
+    return Diagnosis(bottleneck=bottleneck, evidence=evidence(m), recommendations=recommend(m, bottleneck))

@@ -1,0 +1,171 @@
+"""The in-loop profiler: measure the user's own training loop.
+
+    prof = po.profile_loop(loader, model=model)
+    for epoch in range(epochs):
+        for batch in prof:          # instead of `for batch in loader`
+            train_step(batch)
+            prof.step()             # end of the step (optional: asking for the next batch also ends it)
+    report = prof.report()
+    prof.close()                    # or use `with po.profile_loop(...) as prof:`
+
+The loader is not modified: ``prof`` iterates a profiled clone of it (same batches, same order).
+After ``warmup`` (and the prefetched batches) ``steps`` steps are measured; afterwards the loop runs
+on with negligible overhead. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
+process once the window is complete: it saves the report to ``output_dir`` (default
+``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises ``SystemExit(0)``
+(``sys.exit(0)``), so an unchanged training script produces a standard report and exits with
+status 0. Call ``step()`` from the training loop itself (the main thread) for the exit to end the
+process; ``except Exception`` blocks do not catch it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import resolve_device
+from pipeline_opt.profile.assemble import build_report
+from pipeline_opt.profile.install import (
+    describe_loader,
+    install_worker_profiling,
+    shutdown_iteration,
+    skip_steps,
+)
+from pipeline_opt.profile.main_profiler import StepProfiler
+from pipeline_opt.profile.report import ProfileReport
+
+log = get_logger("profile.inloop")
+
+PERF_BENCH_ENV = "PERF_BENCH"
+DEFAULT_BENCH_DIR = "pipeline_opt_perf_bench"
+
+
+def perf_bench_enabled() -> bool:
+    """True when ``PERF_BENCH=1`` is set."""
+    return os.environ.get(PERF_BENCH_ENV, "").strip() == "1"
+
+
+class LoopProfiler:
+    """Iterate it instead of the loader; call :meth:`step` after each training step."""
+
+    def __init__(self, loader: Any, model: torch.nn.Module | None = None, steps: int = 30, warmup: int = 5,
+                 device: torch.device | str | None = None, output_dir: str | os.PathLike | None = None,
+                 worker_profiling: bool = True, record_shapes: bool = False,
+                 tensorboard_dir: str | os.PathLike | None = None) -> None:
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+        if model is not None:
+            self.device = resolve_device(model, device)
+        elif device is not None:
+            self.device = torch.device(device)
+        else:
+            self.device = torch.device("cpu")
+        self._explicit_device = model is not None or device is not None
+        self.model = model
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.config = describe_loader(loader)
+        self._profiler = StepProfiler(self.device, skip_steps(warmup, self.config), steps,
+                                      record_shapes=record_shapes, tensorboard_dir=tensorboard_dir)
+        self._loader, self._collector = install_worker_profiling(loader, enabled=worker_profiling)
+        self._iterator: Any = None
+        self._in_step = False
+        self._report: ProfileReport | None = None
+        self._closed = False
+        self._warned_device = False
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    @property
+    def loader(self) -> Any:
+        """The profiled clone being iterated."""
+        return self._loader
+
+    def __iter__(self):
+        if self._closed:
+            raise RuntimeError("this LoopProfiler is closed; create a new one with po.profile_loop(loader)")
+        prof = self._profiler
+        prof.start()
+        prof.new_epoch()
+        self._iterator = iterator = iter(self._loader)
+        while True:
+            if self._in_step:
+                self.step()
+            prof.before_data()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                prof.abort_data()
+                return
+            prof.after_data(batch)
+            prof.before_step()
+            self._in_step = True
+            yield batch
+
+    def step(self) -> None:
+        """Mark the end of the current training step."""
+        if not self._in_step:
+            return
+        self._in_step = False
+        if not self._explicit_device and not self._warned_device and torch.cuda.is_initialized():
+            self._warned_device = True
+            log.warning("CUDA is in use but profile_loop got neither model= nor device=: step times are host "
+                        "clocks without CUDA synchronisation; pass model=... or device='cuda'")
+        was_done = self._profiler.done
+        self._profiler.after_step()
+        if not was_done and self._profiler.done and perf_bench_enabled():
+            self._bench_exit()
+
+    def report(self) -> ProfileReport:
+        """The report of the measured window (ends the measurement if it is still running)."""
+        if self._report is None:
+            main = self._profiler.result()
+            records = self._collector.read()
+            self._report = build_report(main, records, loader_config=self.config, device=self.device,
+                                        model=self.model, limit_throughput=None)
+        return self._report
+
+    def close(self) -> None:
+        """Stop measuring, shut down the clone's workers and remove the worker files (idempotent)."""
+        if self._closed:
+            return
+        self._profiler.stop()
+        shutdown_iteration(self._iterator, self._loader)
+        self._iterator = None
+        self._collector.close()
+        self._closed = True
+
+    def _bench_exit(self) -> None:
+        report = self.report()
+        directory = self.output_dir if self.output_dir is not None else Path.cwd() / DEFAULT_BENCH_DIR
+        report.save(directory)
+        self.close()
+        log.warning("%s=1: profiled %d steps (%.1f samples/s, bottleneck %s); report saved to %s; exiting with "
+                    "status 0", PERF_BENCH_ENV, len(report.steps), report.throughput, report.bottleneck,
+                    directory.resolve())
+        sys.exit(0)
+
+    def __enter__(self) -> LoopProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def profile_loop(loader: Any, model: torch.nn.Module | None = None, steps: int = 30, warmup: int = 5,
+                 device: torch.device | str | None = None, output_dir: str | os.PathLike | None = None,
+                 **kwargs: Any) -> LoopProfiler:
+    """A :class:`LoopProfiler` over ``loader`` (see the module docstring; honours ``PERF_BENCH=1``).
+
+    ``model`` (or ``device``) tells it where the step runs, so CUDA time is synchronised; extra
+    keyword arguments: ``worker_profiling``, ``record_shapes``, ``tensorboard_dir``.
+    """
+    return LoopProfiler(loader, model=model, steps=steps, warmup=warmup, device=device,
+                        output_dir=output_dir, **kwargs)

@@ -1,0 +1,120 @@
+"""Install the worker profiler on a loader clone, and shut loader iterators down cleanly.
+
+:func:`install_worker_profiling` is the reusable entry point (``po.profile``, the in-loop profiler
+and the ultralytics integration use it): it never touches the user's loader; it returns a clone
+(:func:`pipeline_opt.loader_clone.clone_loader`) whose dataset, collate function and
+``worker_init_fn`` are the profiling proxies, and the :class:`WorkerCollector` that reads the
+results. A ``DeviceLoader`` (anything with a DataLoader under ``.loader``) is re-wrapped around the
+profiled clone with the same device and transform.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline_opt.loader_clone import clone_loader, loader_config
+from pipeline_opt.profile import workers
+from pipeline_opt.profile.collector import WorkerCollector
+
+
+def unwrap_loader(loader: Any) -> tuple[DataLoader, Callable[[DataLoader], Any]]:
+    """The DataLoader under ``loader`` and a function re-wrapping a clone of it the same way."""
+    if isinstance(loader, DataLoader):
+        return loader, lambda clone: clone
+    inner = getattr(loader, "loader", None)
+    if isinstance(inner, DataLoader):
+        return inner, lambda clone: _rewrap(loader, clone)
+    raise TypeError(
+        f"expected a torch.utils.data.DataLoader (or a DeviceLoader wrapping one), got {type(loader).__name__}; "
+        "pass the DataLoader that feeds the model"
+    )
+
+
+def _rewrap(outer: Any, clone: DataLoader) -> Any:
+    """A wrapper like ``outer`` (same device / transform) around ``clone``."""
+    try:
+        from pipeline_opt.transforms.device_loader import DeviceLoader
+    except ImportError:  # pragma: no cover - the package always ships it
+        DeviceLoader = None  # noqa: N806
+    if DeviceLoader is not None and type(outer) is DeviceLoader:
+        params = inspect.signature(DeviceLoader).parameters
+        if params:  # every constructor argument the wrapper exposes as an attribute (device, transform...)
+            kwargs = {k: getattr(outer, k) for k in list(params)[1:] if hasattr(outer, k)}
+            try:
+                return DeviceLoader(clone, **kwargs)
+            except TypeError:
+                pass
+    wrapped = copy.copy(outer)
+    wrapped.loader = clone
+    return wrapped
+
+
+def install_worker_profiling(
+    loader: Any, *, enabled: bool = True, flush_interval_s: float = 0.2
+) -> tuple[Any, WorkerCollector]:
+    """Return ``(profiled_loader, collector)``; ``loader`` itself is left untouched.
+
+    With ``enabled=False`` the clone carries no proxies (same batches, no worker measurement) and
+    the collector stays empty. Iterate ``profiled_loader`` exactly like the original; call
+    ``collector.stats()`` for per-worker results and ``collector.close()`` when done.
+    """
+    inner, rewrap = unwrap_loader(loader)
+    collector = WorkerCollector(flush_interval_s=flush_interval_s)
+    if not enabled:
+        return rewrap(clone_loader(inner)), collector
+    sink = collector.sink
+    clone = clone_loader(
+        inner,
+        dataset=workers.profiled_dataset(inner.dataset, sink),
+        collate_fn=workers.ProfiledCollate(inner.collate_fn, sink),
+        worker_init_fn=workers.ProfiledWorkerInit(inner.worker_init_fn, sink),
+    )
+    return rewrap(clone), collector
+
+
+def shutdown_iteration(iterator: Iterator | None, loader: Any) -> None:
+    """Stop the worker processes behind ``iterator`` / ``loader`` now instead of at garbage collection."""
+    seen: set[int] = set()
+
+    def stop(obj: Any) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        shutdown = getattr(obj, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        elif inspect.isgenerator(obj):
+            obj.close()
+
+    stop(iterator)
+    node, depth = loader, 0
+    while node is not None and depth < 4:
+        stop(getattr(node, "_iterator", None))  # persistent_workers keeps it on the loader
+        stop(getattr(node, "iterator", None))  # ultralytics InfiniteDataLoader
+        node, depth = getattr(node, "loader", None), depth + 1
+
+
+def skip_steps(warmup: int, config: dict[str, Any]) -> int:
+    """Steps left out of the measurement: the warm-up, and at least the batches pre-filled by the
+    workers before the first step (``num_workers * prefetch_factor``)."""
+    prefilled = (config.get("num_workers") or 0) * (config.get("prefetch_factor") or 0)
+    return max(warmup, prefilled)
+
+
+def describe_loader(loader: Any) -> dict[str, Any]:
+    """``loader_config`` plus the start method and the wrapper type (for the report)."""
+    inner, _ = unwrap_loader(loader)
+    config = loader_config(inner)
+    ctx = inner.multiprocessing_context
+    if inner.num_workers > 0:
+        name = ctx.get_start_method() if ctx is not None else torch.multiprocessing.get_start_method()
+        config["start_method"] = name
+    if inner is not loader:
+        config["wrapper"] = type(loader).__name__
+    return config

@@ -1,0 +1,105 @@
+"""The diagnosis on recorded numbers (no GPU needed)."""
+
+import pytest
+
+from pipeline_opt.profile.diagnosis import Measurements, diagnose, is_sync_op, workers_needed
+
+
+def _gpu(**kw):
+    base = dict(device_type="cuda", step_time_s=0.1, compute_time_s=0.09, data_wait_frac=0.02,
+                gpu_idle_frac=0.05, launch_time_s=0.03, num_workers=8, prefetch_factor=2, pin_memory=True,
+                persistent_workers=True, usable_cpus=16)
+    base.update(kw)
+    return Measurements(**base)
+
+
+def test_data_bound_step_from_the_field_asks_for_littles_law_workers_and_gpu_transforms():
+    # DESIGN.md: 240 ms step, ~90 ms of kernels, 4 workers, CPU normalize/resize.
+    m = _gpu(step_time_s=0.24, compute_time_s=0.09, data_wait_frac=0.55, gpu_idle_frac=0.6, num_workers=4,
+             persistent_workers=False, batch_cpu_s=1.0, sample_s=0.008,
+             transform_s={"ToTensor": 0.002, "Normalize": 0.0025, "Resize": 0.003})
+    d = diagnose(m)
+    assert d.bottleneck == "data"
+    recs = "\n".join(d.recommendations)
+    assert "raise num_workers from 4 to 13" in recs  # ceil(1.0 / 0.09) + 1
+    assert "persistent_workers=True" in recs
+    assert "Normalize" in recs and "to the GPU" in recs
+    assert "Pillow-SIMD" in recs  # Resize is 38% of the sample time, stock Pillow
+    assert any("data wait 55%" in e for e in d.evidence)
+
+
+def test_worker_count_is_capped_by_free_cores():
+    m = _gpu(data_wait_frac=0.7, gpu_idle_frac=0.7, num_workers=2, usable_cpus=4, batch_cpu_s=2.0)
+    recs = diagnose(m).recommendations
+    assert not any(r.startswith("raise num_workers") for r in recs)
+    assert any("would be needed but only 2 cores" in r for r in recs)  # 4 cores - main - pin thread
+
+
+def test_pillow_simd_not_recommended_when_installed_or_resize_is_small():
+    shares = {"Resize": 0.006}
+    with_simd = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s=shares, pillow_simd=True))
+    small = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Resize": 0.001}))
+    assert not any("Pillow-SIMD" in r for r in with_simd.recommendations + small.recommendations)
+
+
+def test_compute_bound_recommends_amp_and_channels_last_and_fewer_workers():
+    m = _gpu(model_dtype="float32", has_conv=True, num_workers=12, batch_cpu_s=0.1)
+    d = diagnose(m)
+    assert d.bottleneck == "compute"
+    recs = "\n".join(d.recommendations)
+    assert "bfloat16" in recs and "channels_last" in recs
+    assert "lower num_workers from 12 to 3" in recs  # ceil(0.1 / 0.09) + 1
+
+
+def test_launch_bound_yolo_like_step_asks_for_fewer_workers():
+    # YOLO11n on H200: GPU idle, main thread not waiting on data, 16 workers.
+    m = _gpu(step_time_s=0.12, compute_time_s=0.07, launch_time_s=0.115, data_wait_frac=0.03,
+             gpu_idle_frac=0.42, num_workers=16, batch_cpu_s=64 * 0.016)
+    d = diagnose(m)
+    assert d.bottleneck == "launch"
+    assert any("lower num_workers from 16 to 10" in r for r in d.recommendations)  # ceil(1.024/0.115)+1
+    assert any("reduce-overhead" in r for r in d.recommendations)
+
+
+def test_sync_bound_names_the_sync_ops():
+    m = _gpu(sync_frac=0.4, sync_ops=("cudaStreamSynchronize", "aten::item"), gpu_idle_frac=0.4)
+    d = diagnose(m)
+    assert d.bottleneck == "sync"
+    assert "cudaStreamSynchronize" in d.recommendations[0] and ".item()" in d.recommendations[0]
+    ddp = diagnose(_gpu(sync_frac=0.5, sync_ops=("nccl:all_reduce",)))
+    assert any("no_sync()" in r for r in ddp.recommendations)
+
+
+@pytest.mark.parametrize("wait,expected", [(0.5, "data"), (0.05, "compute"), (0.2, "balanced")])
+def test_cpu_rules(wait, expected):
+    m = Measurements(device_type="cpu", step_time_s=0.1, compute_time_s=0.1 * (1 - wait), data_wait_frac=wait)
+    assert diagnose(m).bottleneck == expected
+
+
+def test_gpu_middle_ground_is_balanced_and_missing_trace_falls_back_to_cpu_rules():
+    assert diagnose(_gpu(gpu_idle_frac=0.22, data_wait_frac=0.05)).bottleneck == "balanced"
+    assert diagnose(_gpu(gpu_idle_frac=None, data_wait_frac=0.05)).bottleneck == "compute"
+
+
+def test_main_process_loader_is_told_to_use_workers():
+    m = Measurements(device_type="cpu", step_time_s=0.1, compute_time_s=0.01, data_wait_frac=0.9,
+                     num_workers=0, usable_cpus=8, batch_cpu_s=0.09)
+    recs = diagnose(m).recommendations
+    assert recs[0] == "raise num_workers from 0 to 7 (Little's law: batch CPU 0.090 s / step 0.010 s = 9.0, +1)"
+    assert "10 workers would be needed but only 7 cores" in recs[1]
+
+
+def test_workers_needed_and_validation():
+    assert workers_needed(0.42, 0.08) == 7
+    assert workers_needed(0.0, 0.08) == 1
+    with pytest.raises(ValueError, match="step_s"):
+        workers_needed(0.1, 0.0)
+    with pytest.raises(ValueError, match="data_wait_frac"):
+        diagnose(_gpu(data_wait_frac=1.5))
+
+
+def test_sync_op_names():
+    assert is_sync_op("cudaStreamSynchronize") and is_sync_op("aten::_local_scalar_dense")
+    assert is_sync_op("nccl:all_reduce") and is_sync_op("cudaMemcpy")
+    assert not is_sync_op("cudaDeviceSynchronize") and not is_sync_op("cudaMemcpyAsync")
+    assert not is_sync_op("aten::conv2d")

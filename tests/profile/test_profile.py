@@ -1,0 +1,279 @@
+"""po.profile end to end on CPU: workers, transforms, the merged trace, the diagnosis, robustness."""
+
+import json
+import os
+import time
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torchvision import datasets as tv_datasets
+from torchvision import transforms as T
+
+import pipeline_opt as po
+from pipeline_opt.datasets import make_image_folder
+from pipeline_opt.profile.report import BOTTLENECKS
+
+
+class Burn(Dataset):
+    """CPU-heavy samples (a busy loop of ``ms`` per sample)."""
+
+    def __init__(self, n=64, ms=15.0):
+        self.n, self.ms = n, ms
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return torch.full((3, 8, 8), float(i)), i
+
+
+class Ready(Dataset):
+    """Trivial samples, as dicts."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"img": torch.full((3, 32, 32), 0.5), "label": i}
+
+
+class Stream(IterableDataset):
+    def __init__(self, n=40):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(wid, self.n, nw):
+            yield torch.full((3, 8, 8), float(i))
+
+
+class Crash(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise ValueError("corrupt sample")
+        return torch.zeros(3, 8, 8)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+
+def heavy_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(3 if i == 0 else 32, 32, 3, padding=1),
+                                                     torch.nn.ReLU()) for i in range(3)])
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _children():
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _new_live_children(before, timeout=10.0):
+    """Children started since ``before`` that are still alive after ``timeout`` (ignoring e.g. the
+    multiprocessing resource tracker that an earlier spawn test may have started)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    # Two intra-op threads on a busy 2-core CI machine spin for ~100 ms per tiny op; one is stable.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory):
+    return make_image_folder(n_images=48, size=(320, 240), num_classes=2, root=tmp_path_factory.mktemp("jpeg"))
+
+
+def test_jpeg_folder_two_workers_transforms_trace_and_model_untouched(jpeg_folder, tmp_path):
+    compose = T.Compose([T.Resize((64, 64)), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)])
+    ds = tv_datasets.ImageFolder(str(jpeg_folder), transform=compose)
+    loader = DataLoader(ds, batch_size=4, num_workers=2)
+    user_transforms = list(compose.transforms)
+    model = tiny_model()
+    before, rng = _state(model), torch.random.get_rng_state()
+
+    report = po.profile(loader, model, steps=5, warmup=2, tensorboard_dir=tmp_path / "tb")
+
+    # the user's objects are as they were
+    assert loader.dataset is ds and compose.transforms == user_transforms
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    # one entry per worker, transforms keyed by name
+    assert len(report.workers) == 2
+    assert len({w.pid for w in report.workers}) == 2 and os.getpid() not in {w.pid for w in report.workers}
+    for w in report.workers:
+        assert set(w.transform_s) == {"Resize", "ToTensor", "Normalize"}
+        assert w.samples >= 4 and w.mean_sample_s > sum(w.transform_s.values()) > 0
+        assert w.rss_bytes > 0 and w.cpu_percent > 0
+    assert sum(w.batches for w in report.workers) >= 2 * 2 + 5  # prefetched + measured, incl. exit flushes
+    assert len(report.steps) == 5 and report.throughput > 0 and report.batch_size == 4
+    assert report.bottleneck in BOTTLENECKS and report.evidence
+    assert report.limit_throughput and report.efficiency
+    assert report.loader_config["start_method"] in ("fork", "spawn", "forkserver")
+    assert any(op.name.startswith("aten::") for op in report.top_cpu_ops)
+    assert list((tmp_path / "tb").iterdir()), "no TensorBoard trace written"
+
+    # one timeline: valid JSON, >= 3 processes, worker spans inside the main process's range
+    trace = json.loads(json.dumps(report.trace()))
+    events = trace["traceEvents"]
+    main_pid = os.getpid()
+    pids = {e["pid"] for e in events if isinstance(e.get("pid"), int)}
+    assert {main_pid, *(w.pid for w in report.workers)} <= pids
+    main_x = [e for e in events if e.get("pid") == main_pid and e.get("ph") == "X"]
+    lo, hi = min(e["ts"] for e in main_x), max(e["ts"] + e["dur"] for e in main_x)
+    worker_x = [e for e in events if e.get("pid") in {w.pid for w in report.workers} and e.get("ph") == "X"]
+    assert {"sample", "collate", "Resize", "ToTensor", "Normalize"} <= {e["name"] for e in worker_x}
+    assert all(lo <= e["ts"] and e["ts"] + e["dur"] <= hi for e in worker_x)
+    flows = [e for e in events if e.get("cat") == "batch"]
+    assert len(flows) >= 2 * 5 and {e["ph"] for e in flows} == {"s", "f"}
+    aten = [e for e in events if e.get("cat") == "cpu_op"]
+    assert aten and all(lo <= e["ts"] <= hi for e in aten), "torch.profiler events not on the shared clock"
+
+
+def test_cpu_heavy_samples_on_the_main_process_are_diagnosed_data():
+    loader = DataLoader(Burn(n=32, ms=15.0), batch_size=4)  # num_workers=0: the main process plays the worker
+    report = po.profile(loader, tiny_model(), steps=4, warmup=1, limit=False)
+    assert report.bottleneck == "data", report.evidence
+    assert report.data_wait_frac > 0.5
+    (worker,) = report.workers
+    assert worker.worker_id == -1 and worker.pid == os.getpid()
+    assert worker.mean_sample_s >= 0.015 * 0.9
+    assert report.recommendations[0].startswith("raise num_workers from 0 to")
+    assert report.gpu_idle_frac is None and report.limit_throughput is None
+
+
+def test_trivial_samples_with_a_heavy_model_are_diagnosed_compute_with_dict_batches():
+    report = po.profile(DataLoader(Ready(), batch_size=8), heavy_model(), steps=3, warmup=1, limit=False)
+    assert report.bottleneck == "compute", report.evidence
+    assert report.data_wait_frac < 0.1
+    assert any("channels_last" in r for r in report.recommendations)
+
+
+def test_tuple_batches_with_a_custom_step_and_device_loader_wrapper():
+    class Wrapper:  # anything with .loader / .device / .transform is treated as a DeviceLoader
+        def __init__(self, loader):
+            self.loader, self.device, self.transform = loader, torch.device("cpu"), None
+
+        def __iter__(self):
+            return iter(self.loader)
+
+        def __len__(self):
+            return len(self.loader)
+
+    seen = []
+
+    def step(model, batch):
+        images, labels = batch
+        seen.append(labels.tolist())
+        model(images).sum().backward()
+
+    user = DataLoader(Burn(n=16, ms=0.5), batch_size=4)
+    wrapper = Wrapper(user)
+    report = po.profile(wrapper, tiny_model(), step_fn=step, steps=3, warmup=1)
+    assert wrapper.loader is user
+    assert seen[:4] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert report.loader_config["wrapper"] == "Wrapper" and len(report.steps) == 3
+
+
+def test_iterable_dataset_with_two_workers_and_epoch_restarts():
+    loader = DataLoader(Stream(n=24), batch_size=4, num_workers=2, persistent_workers=True)
+    report = po.profile(loader, tiny_model(), steps=6, warmup=1, limit=False)  # 6 batches per epoch
+    assert len(report.steps) == 6
+    assert {w.worker_id for w in report.workers} == {0, 1}
+    assert len({w.pid for w in report.workers}) == 2  # persistent: the same two processes across epochs
+    assert sum(w.samples for w in report.workers) >= 4 * (4 + 6)
+
+
+def test_spawn_start_method():
+    # one epoch only (spawning workers is slow on a busy machine): skip 2*2 prefetched + 2 measured < 16
+    loader = DataLoader(Burn(n=64, ms=1.0), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    report = po.profile(loader, tiny_model(), steps=2, warmup=1, limit=False)
+    assert report.loader_config["start_method"] == "spawn"
+    assert len(report.workers) == 2 and all(w.samples > 0 for w in report.workers)
+
+
+def test_crashing_worker_names_the_index_and_leaves_no_processes():
+    model = tiny_model()
+    before = _state(model)
+    loader = DataLoader(Crash(), batch_size=4, num_workers=2)
+    before_children = _children()
+    with pytest.raises(ValueError, match=r"dataset\[13\] raised ValueError in DataLoader worker 1"):
+        po.profile(loader, model, steps=20, warmup=1)
+    assert _new_live_children(before_children) == []
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_bad_arguments_are_rejected_with_the_fix():
+    loader = DataLoader(Ready(), batch_size=4)
+    with pytest.raises(ValueError, match="steps=0"):
+        po.profile(loader, tiny_model(), steps=0)
+    with pytest.raises(TypeError, match="DataLoader"):
+        po.profile([torch.zeros(1, 3, 8, 8)], tiny_model())
+    with pytest.raises(TypeError, match="nn.Module"):
+        po.profile(loader, lambda x: x)
+
+
+class DieAt13(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 13:
+            os._exit(3)  # a worker killed outright: no exception, no exit handlers
+        return torch.zeros(3, 8, 8)
+
+
+@pytest.mark.timeout(120)
+def test_dead_worker_does_not_hang_or_lose_the_other_workers_data():
+    from pipeline_opt.profile import install_worker_profiling
+
+    loader = DataLoader(DieAt13(), batch_size=4, num_workers=2)
+    profiled, collector = install_worker_profiling(loader)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _ in profiled:
+            pass
+    del profiled
+    stats = {w.worker_id: w for w in collector.stats()}
+    collector.close()
+    assert stats[0].batches >= 2 and stats[0].samples >= 8  # worker 0 made batches 0, 2, ...
+
+
+def test_device_loader_is_rewrapped_with_its_settings():
+    seen = []
+    dl = po.DeviceLoader(DataLoader(Burn(n=16, ms=0.1), batch_size=4), device="cpu",
+                         transform=lambda x: seen.append(x.shape) or x * 2)
+    report = po.profile(dl, tiny_model(), steps=2, warmup=1, limit=False)
+    assert report.loader_config["wrapper"] == "DeviceLoader"
+    assert len(seen) >= 3 and seen[0][0] == 4  # the user's transform ran on the profiled clone's batches
+    assert report.workers[0].samples >= 12
