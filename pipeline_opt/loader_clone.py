@@ -14,7 +14,7 @@ import inspect
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 TUNABLE = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 _OVERRIDABLE = set(TUNABLE) | {"dataset", "collate_fn", "worker_init_fn", "multiprocessing_context", "timeout"}
@@ -55,6 +55,31 @@ def _mapped(gen: torch.Generator | None, generator_map: dict[int, torch.Generato
     if key not in generator_map:
         generator_map[key] = _copy_generator(gen)
     return generator_map[key]
+
+
+class _PersistentEpochSampler(Sampler):
+    """Keeps a persistent-worker clone's epoch order equal to its non-persistent original's.
+
+    A DataLoader draws its workers' base seed from ``loader.generator`` (or the global RNG) each
+    time it builds an iterator, just before the sampler draws its permutation. A persistent
+    iterator is built once and reused, so from the second epoch on the sampler would draw from an
+    RNG one step behind the original's. This wrapper makes that one draw itself at the start of
+    every epoch after the first, so both loaders see the same RNG sequence.
+    """
+
+    def __init__(self, sampler: Any, generator: torch.Generator | None) -> None:
+        self.sampler = sampler
+        self.generator = generator
+        self._epochs_started = 0
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        if self._epochs_started > 0:
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        self._epochs_started += 1
+        yield from self.sampler
 
 
 def _is_infinite(loader: DataLoader) -> bool:
@@ -133,6 +158,11 @@ def clone_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
 
     if nw > 0:
         kwargs["persistent_workers"] = overrides.get("persistent_workers", loader.persistent_workers)
+        originally_persistent = loader.persistent_workers and loader.num_workers > 0
+        if kwargs["persistent_workers"] and not originally_persistent and not _is_infinite(loader):
+            for key in ("sampler", "batch_sampler"):
+                if key in kwargs:
+                    kwargs[key] = _PersistentEpochSampler(kwargs[key], kwargs["generator"])
         pf = overrides.get("prefetch_factor", loader.prefetch_factor if loader.num_workers > 0 else None)
         kwargs["prefetch_factor"] = 2 if pf is None else pf
         if not isinstance(kwargs["prefetch_factor"], int) or kwargs["prefetch_factor"] < 1:

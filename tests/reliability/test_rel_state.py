@@ -81,10 +81,7 @@ def test_model_rng_and_loader_untouched(fn_name, no_orphans):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("overrides", [
     {"num_workers": 0}, {"num_workers": 1}, {"num_workers": 2, "prefetch_factor": 1},
-    pytest.param({"num_workers": 2, "persistent_workers": True, "pin_memory": True}, marks=pytest.mark.xfail(
-        strict=True, reason="torch draws the workers' base seed from loader.generator once per iterator; "
-        "a persistent iterator is reused, so from epoch 2 on the shuffle order differs from a "
-        "non-persistent original (loader_clone.clone_loader must compensate)")),
+    {"num_workers": 2, "persistent_workers": True, "pin_memory": True},
     {"num_workers": 1, "multiprocessing_context": "spawn"},
 ])
 def test_every_candidate_setting_yields_the_same_samples_in_order(overrides, no_orphans):
