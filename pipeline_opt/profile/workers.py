@@ -33,6 +33,11 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pipeline_opt.profile import timed_transforms
 
+
+class DataPipelineError(RuntimeError):
+    """A sample could not be produced; the message says which one and where, the cause is chained."""
+
+
 MAIN_WORKER_ID = -1  # worker_id of the main process when it plays the worker (num_workers=0)
 
 
@@ -122,8 +127,14 @@ class Recorder:
         if self.batches == 1 or t1 - self._last_flush_ns >= self.sink.flush_interval_s * 1e9:
             self.flush()
 
-    def failed(self, where: str, exc: BaseException) -> None:
-        """Record an exception raised while producing data and annotate it with where it happened."""
+    def failed(self, where: str, exc: BaseException) -> DataPipelineError | None:
+        """Record an exception raised while producing data and annotate it with where it happened.
+
+        In a worker process the original exception travels on (torch re-raises it in the main
+        process with the worker's traceback and this note). In the main process (num_workers=0)
+        the returned :class:`DataPipelineError` names the place in its message; the caller raises
+        it ``from`` the original, so the original traceback is kept.
+        """
         where_text = f"{where} raised {type(exc).__name__} in " + (
             "the main process" if self.worker_id == MAIN_WORKER_ID else f"DataLoader worker {self.worker_id}"
         ) + f" (pid {self.pid})"
@@ -131,6 +142,9 @@ class Recorder:
         if hasattr(exc, "add_note"):
             exc.add_note(f"pipeline_opt profiler: {where_text}")
         self.flush()
+        if self.worker_id == MAIN_WORKER_ID:
+            return DataPipelineError(f"{where_text}: {exc}")
+        return None
 
     # -- transport -------------------------------------------------------------------------
     def _process_cpu_s(self) -> float:
@@ -227,8 +241,10 @@ class ProfiledDataset(Dataset):
         try:
             item = self.dataset[index]
         except Exception as exc:
-            rec.failed(f"dataset[{index!r}]", exc)
-            raise
+            wrapped = rec.failed(f"dataset[{index!r}]", exc)
+            if wrapped is None:
+                raise
+            raise wrapped from exc
         rec.sample(index, t0, time.time_ns(), time.thread_time_ns() - c0)
         return item
 
@@ -251,8 +267,10 @@ class ProfiledBatchedDataset(ProfiledDataset):
         try:
             items = self.dataset.__getitems__(indices)
         except Exception as exc:
-            rec.failed(f"dataset.__getitems__({list(indices)!r})", exc)
-            raise
+            wrapped = rec.failed(f"dataset.__getitems__({list(indices)!r})", exc)
+            if wrapped is None:
+                raise
+            raise wrapped from exc
         rec.sample(list(indices), t0, time.time_ns(), time.thread_time_ns() - c0, count=len(indices))
         return items
 
@@ -279,8 +297,10 @@ class ProfiledIterableDataset(IterableDataset):
             except StopIteration:
                 return
             except Exception as exc:
-                rec.failed(f"sample #{index} of the iterable dataset", exc)
-                raise
+                wrapped = rec.failed(f"sample #{index} of the iterable dataset", exc)
+                if wrapped is None:
+                    raise
+                raise wrapped from exc
             rec.sample(index, t0, time.time_ns(), time.thread_time_ns() - c0)
             yield item
 

@@ -37,9 +37,7 @@ def _assert_names_index_and_cause(exc: BaseException, index: int) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=pytest.mark.xfail(
-    strict=True, reason="profile/api.py: with num_workers=0 the dataset's exception propagates raw, "
-    "without the failing index")), 1])
+@pytest.mark.parametrize("num_workers", [0, 1])
 def test_profile_names_the_failing_index(num_workers, no_orphans):
     loader = DataLoader(RaisesAt(13), batch_size=BATCH, num_workers=num_workers)
     with pytest.raises(Exception) as info:
