@@ -1,5 +1,191 @@
-"""Device loader (placeholder)."""
+"""A loader wrapper that delivers batches on the device, transformed there, one batch ahead.
+
+:class:`DeviceLoader` wraps any DataLoader (or iterable of batches). For each batch it
+
+1. applies ``batch_transform`` to the batch as the loader yields it (host tensors; e.g. the
+   :class:`~pipeline_opt.transforms.decode.GpuJpegDecoder` of packed JPEG batches),
+2. copies every tensor nested in tuples / lists / dicts / namedtuples to ``device``
+   (``non_blocking`` — asynchronous from pinned memory),
+3. applies ``transform`` to the batch's image tensor (the one
+   :func:`pipeline_opt._step.extract_images` finds: the first tensor of a tuple / list,
+   ``batch["img"]`` / ``batch["image"]``... of a dict) and puts the result back in its place.
+
+On CUDA all three run on a side stream, and the next batch is submitted before the current one is
+handed out, so copy + transform of batch ``i + 1`` overlap the training step of batch ``i``. The
+consumer's stream waits on the side stream (``wait_stream``) before it gets a batch, and every
+tensor of the batch is ``record_stream``-ed on the consumer's stream so the caching allocator never
+hands its memory to the side stream while the step still reads it. The side stream in turn waits
+for the consumer's stream before each submission (transform parameters made there are ready).
+On CPU it is a plain pass-through that applies the same transforms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import _IMAGE_KEYS, extract_images, move_to_device
+
+__all__ = ["DeviceLoader", "apply_to_images"]
+
+log = get_logger("transforms.device_loader")
+
+_END = object()
+
+
+def _image_slot(batch: Any) -> Any:
+    """The key / index of the image tensor in ``batch`` (``extract_images`` semantics)."""
+    if isinstance(batch, Mapping):
+        for key in _IMAGE_KEYS:
+            if isinstance(batch.get(key), torch.Tensor):
+                return key
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                return key
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        for i, value in enumerate(batch):
+            if isinstance(value, torch.Tensor):
+                return i
+    extract_images(batch)  # raises the TypeError that names what was found
+    raise TypeError(f"no image tensor in a batch of type {type(batch).__name__}")  # pragma: no cover
+
+
+def apply_to_images(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A batch like ``batch`` with its image tensor replaced by ``fn(image)``; ``batch`` is not modified."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    slot = _image_slot(batch)
+    if isinstance(batch, Mapping):
+        items = {k: (fn(v) if k == slot else v) for k, v in batch.items()}
+        return items if type(batch) is dict else type(batch)(items)
+    new = fn(batch[slot])
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return batch._replace(**{batch._fields[slot]: new})
+    values = list(batch)
+    values[slot] = new
+    return values if type(batch) is list else type(batch)(values)
+
+
+def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
+    """``record_stream`` every CUDA tensor nested in ``batch`` on ``stream``."""
+    if isinstance(batch, torch.Tensor):
+        if batch.is_cuda:
+            batch.record_stream(stream)
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            _record_stream(value, stream)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _record_stream(value, stream)
+
+
+def _resolve(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a device; pass e.g. 'cuda', 'cuda:1', 'cpu' or None") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} was requested but CUDA is not available; pass device='cpu' or None")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 class DeviceLoader:
-    pass
+    """Iterate ``loader`` with every batch on ``device``, transformed there, prefetched one batch ahead.
+
+    Args:
+        loader: a ``torch.utils.data.DataLoader`` (or any re-iterable of batches). Use
+            ``pin_memory=True`` on it so the copies are truly asynchronous.
+        device: where batches go; ``None`` picks the current CUDA device, else the CPU.
+        transform: callable on the batched image tensor (e.g. the GPU part of
+            :func:`~pipeline_opt.transforms.split.split_transforms`), applied after the copy.
+        non_blocking: passed to ``Tensor.to``.
+        batch_transform: callable on the whole batch as the loader yields it, before the copy (host
+            tensors, on the side stream); tensors it returns already on ``device`` are not copied
+            again. For decoders that read host data, e.g. ``GpuJpegDecoder``.
+
+    ``len()``, ``.loader``, ``.device``, ``.transform`` and the loader's own attributes
+    (``.dataset``, ``.batch_size``, ``.sampler``, ``.num_workers``...) are available. Each ``iter()``
+    starts a fresh pass over ``loader``; an abandoned pass releases the loader's iterator (and its
+    worker processes, unless they are persistent) when the generator is closed or collected.
+    """
+
+    def __init__(self, loader: Iterable, device: torch.device | str | None = None,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None, non_blocking: bool = True,
+                 batch_transform: Callable[[Any], Any] | None = None) -> None:
+        if not hasattr(loader, "__iter__"):
+            raise TypeError(f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}")
+        if isinstance(loader, Iterator):
+            raise TypeError("loader is a one-shot iterator; pass the DataLoader itself so it can be iterated again")
+        for name, fn in (("transform", transform), ("batch_transform", batch_transform)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}={fn!r} must be a callable or None")
+        self.loader = loader
+        self.device = _resolve(device)
+        self.transform = transform
+        self.non_blocking = bool(non_blocking)
+        self.batch_transform = batch_transform
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: forward public names to the wrapped loader.
+        if name.startswith("_") or "loader" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["loader"], name)
+
+    def __repr__(self) -> str:
+        return (f"DeviceLoader(device={self.device}, transform={self.transform!r}, "
+                f"batch_transform={self.batch_transform!r}, loader={type(self.loader).__name__})")
+
+    def prepare(self, batch: Any) -> Any:
+        """``batch_transform``, copy to the device, ``transform`` — on the current stream."""
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch)
+        batch = move_to_device(batch, self.device, self.non_blocking)
+        if self.transform is not None:
+            batch = apply_to_images(batch, self.transform)
+        return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return self._iter_plain()
+
+    def _iter_plain(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield self.prepare(batch)
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        side = torch.cuda.Stream(device=self.device)
+        it = iter(self.loader)
+        try:
+            pending = self._submit(it, side)
+            while pending is not _END:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(side)
+                _record_stream(pending, consumer)
+                batch, pending = pending, None
+                pending = self._submit(it, side)
+                yield batch
+                del batch
+        finally:
+            del it
+
+    def _submit(self, it: Iterator[Any], side: torch.cuda.Stream) -> Any:
+        """Take the next batch and enqueue its copy + transforms on ``side``; ``_END`` when exhausted."""
+        try:
+            raw = next(it)
+        except StopIteration:
+            return _END
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            return self.prepare(raw)
