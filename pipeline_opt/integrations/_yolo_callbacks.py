@@ -1,0 +1,377 @@
+"""The trainer callbacks behind :func:`pipeline_opt.integrations.ultralytics.attach`.
+
+Timeline of one ``YOLO(...).train(...)`` with everything on:
+
+* ``on_pretrain_routine_start``: a new run; optional ``workers`` override of ``trainer.args``.
+* ``on_pretrain_routine_end`` (loaders built, not iterated): GPU augmentation wired (CPU HSV /
+  flips silenced in the dataset, ``trainer.preprocess_batch`` wrapped); the loader tuned on real
+  trainer steps and ``trainer.train_loader`` rebuilt with the winner; the profiled clone of the
+  loader (per-worker recorders) installed.
+* ``on_train_epoch_start`` / ``on_train_batch_start`` / ``on_train_batch_end`` drive the step
+  profiler: data wait is the time from the end of one batch to the start of the next, compute the
+  time from batch start to batch end (CUDA synchronised at the boundary when ``sync``). Once the
+  window is complete the report is saved to ``<save_dir>/pipeline_opt`` and, at the next epoch
+  start, the unprofiled loader goes back in. With ``PERF_BENCH=1`` the run ends there with status 0.
+* ``on_train_end`` / ``teardown``: a window cut short by the end of training is reported as far as
+  it got; the worker files are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations._yolo_augment import (
+    GpuAugmentedPreprocess,
+    active_cpu_stages,
+    build_gpu_augment,
+    disable_cpu_augment,
+)
+from pipeline_opt.integrations._yolo_step import TrainerStep
+from pipeline_opt.integrations._yolo_tune import config_changed, device_notes, rebuild_loader, tune_loader
+from pipeline_opt.loader_clone import loader_config
+from pipeline_opt.profile.assemble import build_report
+from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
+from pipeline_opt.profile.install import describe_loader, install_worker_profiling, skip_steps
+from pipeline_opt.profile.main_profiler import StepProfiler
+
+log = get_logger("integrations.ultralytics")
+
+OUTPUT_SUBDIR = "pipeline_opt"
+SUMMARY_FILE = "integration.json"
+
+
+@dataclass(frozen=True)
+class AttachOptions:
+    """What :func:`attach` does; validated on construction."""
+
+    profile: bool = True
+    tune: bool = True
+    gpu_augment: bool = True
+    gpu_affine: bool = False
+    output_dir: str | None = None
+    tune_budget_s: float = 60.0
+    steps: int = 30
+    warmup: int = 5
+    workers: int | None = None
+    retune_epoch: int | None = None
+    sync: bool = True
+    tune_kwargs: dict[str, Any] | None = None  # extra keyword arguments for pipeline_opt.autotune
+
+    def __post_init__(self) -> None:
+        for name in ("profile", "tune", "gpu_augment", "gpu_affine", "sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.gpu_affine and not self.gpu_augment:
+            raise ValueError("gpu_affine=True needs gpu_augment=True (the affine runs in the GPU augmentation)")
+        if not isinstance(self.tune_budget_s, (int, float)) or self.tune_budget_s <= 0:
+            raise ValueError(f"tune_budget_s={self.tune_budget_s!r} must be a positive number of seconds")
+        for name, low in (("steps", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        for name in ("workers", "retune_epoch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name}={value!r} must be None or an integer >= 0")
+        if self.tune_kwargs is not None and not isinstance(self.tune_kwargs, dict):
+            raise TypeError(f"tune_kwargs must be a dict of pipeline_opt.autotune arguments, got "
+                            f"{type(self.tune_kwargs).__name__}")
+        if self.retune_epoch is not None and not self.tune:
+            raise ValueError(f"retune_epoch={self.retune_epoch} needs tune=True")
+
+
+def _epoch_batch_sizes(loader: Any) -> list[int]:
+    """Samples in each batch of one epoch of ``loader`` (the callbacks never see the batch itself)."""
+    cfg = loader_config(loader)
+    batch = int(cfg["batch_size"] or 1)
+    sampler = getattr(loader, "sampler", None)
+    samples = len(sampler) if sampler is not None else len(loader) * batch
+    full, rest = divmod(samples, batch)
+    return [batch] * full + ([rest] if rest and not loader.drop_last else [])
+
+
+def _sized(n: int) -> torch.Tensor:
+    """A zero-byte stand-in with ``n`` rows: what ``StepProfiler.after_data`` counts as the batch size."""
+    return torch.empty((n, 0))
+
+
+class _Run:
+    """State of one trainer's run."""
+
+    def __init__(self, trainer: Any, output_dir: str | None) -> None:
+        self.trainer = trainer
+        self.out_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
+        self.notes: list[str] = []
+        self.augment: GpuAugmentedPreprocess | None = None
+        self.disabled: list[dict[str, Any]] = []
+        self.tunes: list[dict[str, Any]] = []
+        self.profiler: StepProfiler | None = None
+        self.collector: Any = None
+        self.plain_loader: Any = None
+        self.profiled_loader: Any = None
+        self.loader_config: dict[str, Any] = {}
+        self.batch_sizes: list[int] = []
+        self.position = 0
+        self.report: Any = None
+
+    @property
+    def profiling(self) -> bool:
+        return self.profiler is not None and self.report is None and not self.profiler.done
+
+
+class YoloIntegration:
+    """The callbacks one :func:`attach` registers (one instance per attached model)."""
+
+    EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_epoch_start",
+              "on_train_batch_start", "on_train_batch_end", "on_train_end", "teardown")
+
+    def __init__(self, options: AttachOptions) -> None:
+        self.options = options
+        self.run: _Run | None = None
+
+    def callbacks(self) -> dict[str, Any]:
+        return {event: getattr(self, event) for event in self.EVENTS}
+
+    def _run_for(self, trainer: Any) -> _Run | None:
+        run = self.run
+        return run if run is not None and run.trainer is trainer else None
+
+    # -- setup ---------------------------------------------------------------------------------
+    def on_pretrain_routine_start(self, trainer: Any) -> None:
+        self.run = run = _Run(trainer, self.options.output_dir)
+        if self.options.workers is not None:
+            log.info("workers: %s -> %d (attach(workers=...))", trainer.args.workers, self.options.workers)
+            trainer.args.workers = self.options.workers
+        elif getattr(trainer.device, "type", "cpu") in ("cpu", "mps"):
+            run.notes.append(f"ultralytics runs data loading with workers=0 on {trainer.device.type}")
+
+    def on_pretrain_routine_end(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is None:
+            return
+        if int(getattr(trainer, "world_size", 0) or 0) > 1:
+            log.warning("pipeline_opt: multi-GPU (DDP) training is not supported by attach(); running unchanged")
+            self.run = None
+            return
+        opts = self.options
+        bench = perf_bench_enabled()
+        if opts.gpu_augment:
+            self._setup_gpu_augment(run)
+        if opts.tune and bench:
+            run.notes.append(f"{PERF_BENCH_ENV}=1: tuning skipped, the fixed profile measures the loader as configured")
+        elif opts.tune:
+            self._tune(run, "before the first epoch")
+        if opts.profile or bench:
+            self._start_profile(run)
+        self._save_summary(run)
+
+    def _setup_gpu_augment(self, run: _Run) -> None:
+        t = run.trainer
+        affine = self.options.gpu_affine
+        augment = build_gpu_augment(t.args, affine=affine, device=t.device)
+        stages = disable_cpu_augment(t.train_loader.dataset, affine=affine)
+        run.disabled.extend(stages.to_dict()["stages"])
+        run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
+        t.preprocess_batch = run.augment
+        log.info("GPU augmentation on %s: %r", t.device, augment)
+        # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
+        for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):
+            original = getattr(t, name, None)
+            if callable(original):
+                setattr(t, name, _AfterRebuild(original, self, run, rebuilt_loader=name == "_build_train_pipeline"))
+
+    def after_rebuild(self, run: _Run, rebuilt_loader: bool) -> None:
+        """The trainer rebuilt its transforms (close_mosaic) or its whole loader (OOM retry)."""
+        t = run.trainer
+        stages = disable_cpu_augment(t.train_loader.dataset, affine=self.options.gpu_affine)
+        if not rebuilt_loader:
+            return
+        log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
+                    t.batch_size)
+        run.disabled.extend(stages.to_dict()["stages"])
+        if run.tunes and config_changed(t.train_loader, run.tunes[-1]["config"]):
+            t.train_loader = rebuild_loader(t.train_loader, run.tunes[-1]["config"])
+        if run.profiler is not None and run.report is None:
+            self._close_profiling(run, restore_loader=False)
+            run.profiler = None
+            self._start_profile(run)
+
+    def _tune(self, run: _Run, why: str) -> None:
+        t = run.trainer
+        loader = t.train_loader
+        if getattr(loader, "iterator", None) is not None:
+            loader.reset()  # a retune: stop the running workers so the trials get the CPU
+        for note in device_notes(t.device, loader):
+            if note not in run.notes:
+                run.notes.append(note)
+        log.info("pipeline_opt: tuning the train loader %s (budget %.0f s)", why, self.options.tune_budget_s)
+        result = tune_loader(loader, t.model, TrainerStep(t), t.device, self.options.tune_budget_s,
+                             **(self.options.tune_kwargs or {}))
+        changed = config_changed(loader, result.config)
+        if changed:
+            t.train_loader = rebuild_loader(loader, result.config)
+        name = "tune" if not run.tunes else f"tune-epoch{t.epoch}"
+        directory = run.out_dir / name
+        result.save(directory)
+        run.tunes.append({"when": why, "config": dict(result.config), "speedup": result.speedup,
+                          "noise": result.noise, "applied": changed, "saved": str(directory)})
+        log.info("pipeline_opt: %s\n%s", "applied " + json.dumps(result.config) if changed else
+                 "kept the loader as built (nothing beat it beyond the noise)", result.table())
+
+    # -- profiling -----------------------------------------------------------------------------
+    def _start_profile(self, run: _Run) -> None:
+        t = run.trainer
+        loader = t.train_loader
+        run.loader_config = describe_loader(loader)
+        run.batch_sizes = _epoch_batch_sizes(loader)
+        run.profiled_loader, run.collector = install_worker_profiling(loader)
+        run.plain_loader = loader
+        t.train_loader = run.profiled_loader
+        run.profiler = StepProfiler(t.device, skip_steps(self.options.warmup, run.loader_config), self.options.steps)
+
+    def _close_profiling(self, run: _Run, restore_loader: bool) -> None:
+        t = run.trainer
+        if restore_loader and run.profiled_loader is not None and t.train_loader is run.profiled_loader:
+            t.train_loader = run.plain_loader
+        if run.profiled_loader is not None:
+            run.profiled_loader.close()
+            run.profiled_loader = None
+        if run.collector is not None:
+            run.collector.close()
+
+    def on_train_epoch_start(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is None:
+            return
+        if run.profiler is not None and not run.profiling:
+            self._close_profiling(run, restore_loader=True)  # the window is over: unprofiled loader back
+        if self.options.retune_epoch is not None and trainer.epoch == self.options.retune_epoch \
+                and trainer.epoch > getattr(trainer, "start_epoch", 0):
+            if run.profiling:
+                run.notes.append(f"retune at epoch {trainer.epoch} skipped: the profile window was still running")
+            else:
+                self._tune(run, f"at the start of epoch {trainer.epoch}")
+                self._save_summary(run)
+        if not run.profiling:
+            return
+        prof = run.profiler
+        prof.abort_data()
+        prof.start()
+        prof.new_epoch()
+        run.position = 0
+        prof.before_data()
+
+    def on_train_batch_start(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is None or not run.profiling:
+            return
+        sizes = run.batch_sizes
+        n = sizes[run.position] if run.position < len(sizes) else (sizes[-1] if sizes else 1)
+        run.profiler.after_data(_sized(n))
+        run.profiler.before_step()
+
+    def on_train_batch_end(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is None or not run.profiling:
+            return
+        prof = run.profiler
+        if self.options.sync and prof.cuda:
+            torch.cuda.synchronize(prof.device)
+        prof.after_step()
+        run.position += 1
+        if prof.done:
+            self._finish_profile(run)
+        elif run.position < len(run.batch_sizes):
+            prof.before_data()
+
+    def _finish_profile(self, run: _Run) -> None:
+        t = run.trainer
+        main = run.profiler.result()
+        run.report = build_report(main, run.collector.read(), loader_config=run.loader_config, device=t.device,
+                                  model=t.model, limit_throughput=None)
+        run.report.save(run.out_dir)
+        self._save_summary(run)
+        log.info("pipeline_opt: profiled %d training steps: %.1f img/s, data wait %.0f%%, bottleneck %s; "
+                 "report in %s", len(run.report.steps), run.report.throughput, 100 * run.report.data_wait_frac,
+                 run.report.bottleneck, run.out_dir)
+        if perf_bench_enabled():
+            self._close_profiling(run, restore_loader=True)
+            for loader in (t.train_loader, getattr(t, "test_loader", None)):
+                if hasattr(loader, "close"):
+                    loader.close()
+            log.warning("%s=1: profiled %d steps; report saved to %s; exiting with status 0", PERF_BENCH_ENV,
+                        len(run.report.steps), run.out_dir.resolve())
+            sys.exit(0)
+
+    # -- end -----------------------------------------------------------------------------------
+    def on_train_end(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is None:
+            return
+        if run.profiling:
+            measured = max(0, run.profiler.index - run.profiler.skip)
+            if measured > 0:
+                log.warning("pipeline_opt: training ended after %d of %d profiled steps; reporting those",
+                            measured, self.options.steps)
+                run.notes.append(f"profile window cut short by the end of training: {measured} of "
+                                 f"{self.options.steps} steps")
+                self._finish_profile(run)
+            else:
+                log.warning("pipeline_opt: training ended before the profile window started (%d steps skipped "
+                            "first); no profile report. Train longer or lower warmup=", run.profiler.skip)
+                run.notes.append("no profile: training ended before the measured window started")
+                run.profiler.stop()
+        self._save_summary(run)
+
+    def teardown(self, trainer: Any) -> None:
+        run = self._run_for(trainer)
+        if run is not None and run.collector is not None:
+            run.collector.close()
+
+    # -- summary -------------------------------------------------------------------------------
+    def summary(self, run: _Run) -> dict[str, Any]:
+        t = run.trainer
+        dataset = getattr(run.plain_loader or t.train_loader, "dataset", None)
+        return {
+            "options": asdict(self.options),
+            "device": str(t.device),
+            "train_loader": loader_config(t.train_loader) if hasattr(t, "train_loader") else None,
+            "gpu_augment": None if run.augment is None else {
+                "augment": repr(run.augment.augment), "batches": run.augment.calls,
+                "cpu_stages_disabled": run.disabled,
+                "cpu_stages_still_active": active_cpu_stages(dataset, affine=self.options.gpu_affine)
+                if dataset is not None else [],
+            },
+            "tuning": run.tunes,
+            "profile": None if run.report is None else {"steps": len(run.report.steps),
+                                                        "throughput": run.report.throughput,
+                                                        "bottleneck": run.report.bottleneck,
+                                                        "saved": str(run.out_dir)},
+            "notes": run.notes,
+        }
+
+    def _save_summary(self, run: _Run) -> None:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        (run.out_dir / SUMMARY_FILE).write_text(json.dumps(self.summary(run), indent=2, default=str))
+
+
+class _AfterRebuild:
+    """Wraps a trainer method that rebuilds transforms or loaders, then re-applies the integration."""
+
+    def __init__(self, original: Any, integration: YoloIntegration, run: _Run, rebuilt_loader: bool) -> None:
+        self.original = original
+        self.integration = integration
+        self.run = run
+        self.rebuilt_loader = rebuilt_loader
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.original(*args, **kwargs)
+        self.integration.after_rebuild(self.run, self.rebuilt_loader)
+        return out

@@ -1,0 +1,151 @@
+"""The trainer-free ultralytics pipeline: dataset, InfiniteDataLoader, DetectionModel and its loss step.
+
+Built from the same pieces ``DetectionTrainer`` uses (``build_yolo_dataset``, ``build_dataloader``,
+``DetectionModel`` with the trainer's hyperparameters as ``model.args``), without the trainer's
+optimizer, EMA, validator or results logging, so benchmarks can profile and tune exactly the data
+path and the step a training run has.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations._yolo_augment import build_gpu_augment, disable_cpu_augment
+from pipeline_opt.integrations._yolo_env import prepare_offline_env
+from pipeline_opt.integrations._yolo_step import AMP_CHOICES, YoloStep, default_amp
+from pipeline_opt.integrations._yolo_tune import tune_loader
+
+log = get_logger("integrations.ultralytics")
+
+
+@dataclass(frozen=True)
+class YoloPipeline:
+    """What :func:`build_yolo_pipeline` built. ``step_fn(model, batch)`` is forward + loss + backward."""
+
+    loader: Any = field(repr=False)  # ultralytics InfiniteDataLoader
+    model: torch.nn.Module = field(repr=False)  # DetectionModel, training mode, on ``device``
+    step_fn: YoloStep = field(repr=False)
+    dataset: Any = field(repr=False)  # YOLODataset (train augmentation)
+    device: torch.device
+    imgsz: int
+    batch: int
+    amp: str
+    gpu_augment: bool
+    cpu_stages_disabled: tuple[str, ...] = ()
+
+    def close(self) -> None:
+        """Shut the loader's workers down."""
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(f"cuda:{device}" if isinstance(device, int) or str(device).isdigit() else device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} asks for CUDA but none is available; pass device='cpu'")
+    return dev
+
+
+def build_yolo_pipeline(
+    data_yaml: str | os.PathLike,
+    model_cfg: str = "yolo11n.yaml",
+    imgsz: int = 640,
+    batch: int = 64,
+    workers: int = 8,
+    device: torch.device | str | None = None,
+    *,
+    amp: str | None = None,
+    gpu_augment: bool = False,
+    gpu_affine: bool = False,
+    **overrides: Any,
+) -> YoloPipeline:
+    """Build the ultralytics training data path and step for ``data_yaml`` without a trainer.
+
+    Args:
+        data_yaml: a detection ``data.yaml`` (e.g. from :func:`pipeline_opt.datasets.make_yolo_dataset`).
+        model_cfg: a model YAML (built from scratch; no weights are downloaded).
+        imgsz, batch, workers: as the trainer's arguments (``workers`` is capped by
+            ``build_dataloader`` as in training: by the CPU count and the batches per epoch).
+        device: default ``cuda:0`` when available, else CPU.
+        amp: ``"bf16"`` / ``"fp16"`` / ``"fp32"``; default bf16 on a CUDA device with bf16, else fp32.
+        gpu_augment: silence the dataset's CPU RandomHSV / RandomFlip and apply them on the device
+            in the step (``gpu_affine=True`` moves the RandomPerspective gains too).
+        overrides: any other ultralytics training argument (``mosaic=0.0``, ``cache="ram"``, ...).
+
+    Ultralytics is configured offline first (:func:`prepare_offline_env`).
+    """
+    if not isinstance(imgsz, int) or imgsz < 32:
+        raise ValueError(f"imgsz={imgsz!r} must be an integer >= 32")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch={batch!r} must be an integer >= 1")
+    if not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers={workers!r} must be an integer >= 0")
+    if amp is not None and amp not in AMP_CHOICES:
+        raise ValueError(f"amp={amp!r} must be one of {AMP_CHOICES} or None")
+    if gpu_affine and not gpu_augment:
+        raise ValueError("gpu_affine=True needs gpu_augment=True")
+    if not os.path.isfile(data_yaml):
+        raise ValueError(f"data_yaml={str(data_yaml)!r} is not a file; pass a detection data.yaml "
+                         "(pipeline_opt.datasets.make_yolo_dataset() writes one)")
+    prepare_offline_env()
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.utils import DEFAULT_CFG
+    from ultralytics.utils.checks import check_imgsz
+
+    dev = _device(device)
+    amp = amp or default_amp(dev)
+    cfg = get_cfg(DEFAULT_CFG, {"data": str(data_yaml), "model": model_cfg, "imgsz": imgsz, "batch": batch,
+                                "workers": workers, **overrides})
+    data = check_det_dataset(str(data_yaml))
+    model = DetectionModel(model_cfg, nc=data["nc"], ch=data.get("channels", 3), verbose=False)
+    model.nc, model.names, model.args = data["nc"], data["names"], cfg
+    model = model.to(dev).train()
+    if dev.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)  # as the trainer does on CUDA
+    stride = max(int(model.stride.max()), 32)
+    cfg.imgsz = check_imgsz(imgsz, stride=stride, floor=stride, max_dim=1)
+    dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train", stride=stride)
+    loader = build_dataloader(dataset, batch=batch, workers=workers, shuffle=True, rank=-1, device=dev)
+    augment, disabled = None, ()
+    if gpu_augment:
+        augment = build_gpu_augment(cfg, affine=gpu_affine, device=dev)
+        disabled = disable_cpu_augment(dataset, affine=gpu_affine).names
+    step = YoloStep(dev, amp=amp, augment=augment)
+    log.info("YOLO pipeline: %s at %d px, batch %d, %d workers, %s on %s%s", model_cfg, cfg.imgsz, batch,
+             loader.num_workers, amp, dev, f", GPU augmentation ({', '.join(disabled)})" if gpu_augment else "")
+    return YoloPipeline(loader=loader, model=model, step_fn=step, dataset=dataset, device=dev, imgsz=int(cfg.imgsz),
+                        batch=batch, amp=amp, gpu_augment=gpu_augment, cpu_stages_disabled=tuple(disabled))
+
+
+def _check_pipeline(pipeline: Any) -> None:
+    if not isinstance(pipeline, YoloPipeline):
+        raise TypeError(f"expected a YoloPipeline from build_yolo_pipeline(...), got {type(pipeline).__name__}")
+
+
+def profile_yolo(pipeline: YoloPipeline, steps: int = 30, warmup: int = 5, loader: Any = None, **kwargs: Any) -> Any:
+    """:func:`pipeline_opt.profile` of the pipeline's loader (or ``loader``) with its real step."""
+    from pipeline_opt.profile import profile
+
+    _check_pipeline(pipeline)
+    return profile(pipeline.loader if loader is None else loader, pipeline.model, step_fn=pipeline.step_fn,
+                   steps=steps, warmup=warmup, device=pipeline.device, **kwargs)
+
+
+def tune_yolo(pipeline: YoloPipeline, time_budget_s: float = 60.0, **kwargs: Any) -> Any:
+    """:func:`pipeline_opt.autotune` of the pipeline's loader (workers, pin_memory, prefetch) on real steps.
+
+    The returned ``TuneResult.loader`` is an ``InfiniteDataLoader`` clone with the chosen settings.
+    """
+    _check_pipeline(pipeline)
+    return tune_loader(pipeline.loader, pipeline.model, pipeline.step_fn, pipeline.device, time_budget_s, **kwargs)

@@ -1,0 +1,78 @@
+"""Tuning an ultralytics train loader: run the tuner on real steps, rebuild the InfiniteDataLoader.
+
+The search itself is :func:`pipeline_opt.autotune` (baseline, noise from repeated windows, A B A B
+calibration, rollback). This module only decides what it may change for an ultralytics loader
+(workers, pin_memory, prefetch_factor; no torchvision GPU offload: the GPU augmentation is handled
+by the integration), protects the model around it, and turns the winning settings into a new
+``InfiniteDataLoader`` over the same dataset, sampler, collate function and generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import ModelStateGuard
+from pipeline_opt.loader_clone import clone_loader, loader_config
+
+log = get_logger("integrations.ultralytics")
+
+TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor")
+
+
+def device_notes(device: torch.device, loader: Any) -> list[str]:
+    """What limits the search on this device, said plainly (kept in the saved integration summary)."""
+    notes = []
+    if device.type != "cuda":
+        notes.append(
+            f"device is {device.type}: ultralytics loads data in the training process there (it forced "
+            f"workers=0; this loader has {loader_config(loader)['num_workers']}) and pin_memory has no effect "
+            "without CUDA, so only worker counts can be tried; expect little to gain"
+        )
+    return notes
+
+
+def tune_loader(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any],
+                device: torch.device, time_budget_s: float, **autotune_kwargs: Any) -> Any:
+    """:func:`pipeline_opt.autotune` on ``loader`` with ``step_fn``; the model is restored bitwise after."""
+    from pipeline_opt.tune import autotune
+
+    if not isinstance(time_budget_s, (int, float)) or time_budget_s <= 0:
+        raise ValueError(f"time_budget_s={time_budget_s!r} must be a positive number of seconds")
+    for note in device_notes(device, loader):
+        log.info("tuning: %s", note)
+    autotune_kwargs.setdefault("gpu_transforms", False)  # the integration moves the augmentation itself
+    autotune_kwargs.setdefault("seed", 0)  # every candidate sees the same Mosaic / augmentation draws
+    with ModelStateGuard(model):
+        model.train()  # the detection loss needs training mode; the guard restores the mode
+        return autotune(loader, model, step_fn=step_fn, device=device, time_budget_s=float(time_budget_s),
+                        **autotune_kwargs)
+
+
+def tuned_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``clone_loader`` overrides for a tuner config (InfiniteDataLoader is persistent by itself)."""
+    missing = [k for k in ("num_workers", "pin_memory") if k not in config]
+    if missing:
+        raise ValueError(f"tuner config {config!r} lacks {missing}")
+    out: dict[str, Any] = {"num_workers": int(config["num_workers"]), "pin_memory": bool(config["pin_memory"])}
+    if out["num_workers"] > 0 and config.get("prefetch_factor") is not None:
+        out["prefetch_factor"] = int(config["prefetch_factor"])
+    return out
+
+
+def rebuild_loader(loader: Any, config: dict[str, Any]) -> Any:
+    """A new loader of ``loader``'s class (an ``InfiniteDataLoader`` stays one) with the tuned settings.
+
+    The new loader starts its own workers when first iterated; the caller closes the old one.
+    """
+    return clone_loader(loader, **tuned_overrides(config))
+
+
+def config_changed(loader: Any, config: dict[str, Any]) -> bool:
+    """Whether ``config`` differs from ``loader``'s current settings in a tuned key."""
+    current = loader_config(loader)
+    wanted = tuned_overrides(config)
+    return any(current.get(k) != wanted.get(k, current.get(k)) for k in TUNED_KEYS)

@@ -1,0 +1,116 @@
+"""pipeline_opt for ultralytics YOLO: profile, tune and GPU-augment ``YOLO(...).train(...)``.
+
+    from pipeline_opt.integrations.ultralytics import attach, prepare_offline_env
+    prepare_offline_env()                 # before `import ultralytics` on a machine without network
+    from ultralytics import YOLO
+
+    model = YOLO("yolo11n.yaml")
+    attach(model)                         # profile + tune + GPU augmentation
+    model.train(data="data.yaml", epochs=100, imgsz=640, batch=64)
+    # -> <save_dir>/pipeline_opt/: report.json, trace.json, report.html, tune/, integration.json
+
+``PERF_BENCH=1`` with the integration attached runs the fixed short profile (``steps``, default
+30, after the warm-up), saves the report and ends the process with status 0.
+
+Trainer-free (benchmarks): :func:`build_yolo_pipeline` builds the dataset, InfiniteDataLoader,
+DetectionModel and its loss step as the trainer would; :func:`profile_yolo` / :func:`tune_yolo`
+run ``po.profile`` / ``po.autotune`` on it. ``pipeline-opt yolo`` is :func:`cli_main`.
+
+ultralytics is imported only when a function needs it (the ``yolo`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline_opt.integrations._yolo_augment import (
+    DisabledStages,
+    GpuAugmentedPreprocess,
+    active_cpu_stages,
+    disable_cpu_augment,
+)
+from pipeline_opt.integrations._yolo_callbacks import AttachOptions, YoloIntegration
+from pipeline_opt.integrations._yolo_cli import cli_main
+from pipeline_opt.integrations._yolo_env import prepare_offline_env
+from pipeline_opt.integrations._yolo_pipeline import (
+    YoloPipeline,
+    build_yolo_pipeline,
+    profile_yolo,
+    tune_yolo,
+)
+from pipeline_opt.integrations._yolo_step import TrainerStep, YoloStep
+
+__all__ = [
+    "AttachOptions",
+    "DisabledStages",
+    "GpuAugmentedPreprocess",
+    "TrainerStep",
+    "YoloIntegration",
+    "YoloPipeline",
+    "YoloStep",
+    "active_cpu_stages",
+    "attach",
+    "build_yolo_pipeline",
+    "cli_main",
+    "disable_cpu_augment",
+    "prepare_offline_env",
+    "profile_yolo",
+    "tune_yolo",
+]
+
+
+def attach(
+    model: Any,
+    profile: bool = True,
+    tune: bool = True,
+    gpu_augment: bool = True,
+    output_dir: str | os.PathLike | None = None,
+    tune_budget_s: float = 60.0,
+    steps: int = 30,
+    *,
+    warmup: int = 5,
+    workers: int | None = None,
+    gpu_affine: bool = False,
+    retune_epoch: int | None = None,
+    sync: bool = True,
+    tune_kwargs: dict[str, Any] | None = None,
+) -> YoloIntegration:
+    """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
+
+    Args:
+        model: an ``ultralytics.YOLO`` (anything with ``add_callback(event, fn)``).
+        profile: profile ``steps`` training steps after ``warmup`` (and the batches the workers
+            pre-filled): data wait vs compute per batch, per-worker transform costs (Mosaic,
+            RandomPerspective, RandomHSV, RandomFlip, ...), one merged trace.
+        tune: before the first epoch, measure candidate workers / pin_memory / prefetch_factor on
+            real trainer steps (forward, loss, backward with the trainer's AMP; never the optimizer;
+            the model restored bitwise) and rebuild ``trainer.train_loader`` with the winner.
+        gpu_augment: silence the dataset's CPU RandomHSV / RandomFlip and apply them on the device
+            in ``preprocess_batch`` with the run's own hyperparameters (``gpu_affine=True`` moves
+            the RandomPerspective gains too; the CPU then only centre-crops the Mosaic canvas).
+        output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
+        tune_budget_s: tuning time budget in seconds.
+        steps, warmup: the profile window.
+        workers: overrides ``trainer.args.workers`` at ``on_pretrain_routine_start``.
+        retune_epoch: tune again at the start of that epoch (the model's state is restored after).
+        sync: synchronise CUDA at every batch boundary of the profile window, so per-batch host
+            times hold the GPU work (ultralytics' loop syncs every step anyway to log losses).
+        tune_kwargs: further arguments for :func:`pipeline_opt.autotune` (``max_workers``,
+            ``min_gain``, ``seed``, ``profiler``, ...).
+
+    Returns:
+        The :class:`YoloIntegration` whose callbacks were added (its ``run`` holds the state of
+        the current training run).
+    """
+    if not callable(getattr(model, "add_callback", None)):
+        raise TypeError(f"attach() needs an ultralytics YOLO model (with add_callback), got {type(model).__name__}")
+    options = AttachOptions(profile=profile, tune=tune, gpu_augment=gpu_augment,
+                            output_dir=None if output_dir is None else os.fspath(output_dir),
+                            tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
+                            gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
+                            tune_kwargs=tune_kwargs)
+    integration = YoloIntegration(options)
+    for event, fn in integration.callbacks().items():
+        model.add_callback(event, fn)
+    return integration

@@ -1,0 +1,105 @@
+"""The trainer-free pipeline, the augmentation wiring, the offline set-up and the CLI's argument checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from ultralytics.data.build import InfiniteDataLoader
+
+from pipeline_opt.integrations._yolo_tune import rebuild_loader
+from pipeline_opt.integrations.ultralytics import (
+    GpuAugmentedPreprocess,
+    active_cpu_stages,
+    build_yolo_pipeline,
+    cli_main,
+    disable_cpu_augment,
+    prepare_offline_env,
+    profile_yolo,
+)
+from pipeline_opt.loader_clone import loader_config
+
+
+def test_prepare_offline_env_sets_variables_and_fonts(tmp_path, monkeypatch):
+    for name in ("YOLO_CONFIG_DIR", "YOLO_OFFLINE", "YOLO_AUTOINSTALL"):
+        monkeypatch.delenv(name, raising=False)
+    user_dir = prepare_offline_env(tmp_path / "cfg")
+    assert os.environ["YOLO_OFFLINE"] == "1" and os.environ["YOLO_AUTOINSTALL"] == "0"
+    assert os.environ["YOLO_CONFIG_DIR"] == str((tmp_path / "cfg").resolve())
+    assert user_dir == (tmp_path / "cfg").resolve() / "Ultralytics"
+    for name in ("Arial.ttf", "Arial.Unicode.ttf"):
+        assert (user_dir / name).stat().st_size > 10_000
+    assert prepare_offline_env(tmp_path / "cfg") == user_dir  # idempotent
+
+
+def test_gpu_preprocess_moves_then_augments_then_preprocesses():
+    calls = []
+
+    def augment(batch):
+        calls.append(("augment", batch["img"].dtype, torch.is_autocast_enabled("cpu")))
+        return {**batch, "img": batch["img"].flip(-1)}
+
+    def preprocess(batch):
+        calls.append(("preprocess", batch["img"].dtype, None))
+        return {**batch, "img": batch["img"].float() / 255}
+
+    hook = GpuAugmentedPreprocess(preprocess, augment, "cpu")
+    img = torch.arange(2 * 3 * 4 * 5, dtype=torch.uint8).reshape(2, 3, 4, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = hook({"img": img, "im_file": ["a", "b"]})
+    assert calls == [("augment", torch.uint8, False), ("preprocess", torch.uint8, None)]
+    assert torch.equal(out["img"], img.flip(-1).float() / 255) and out["im_file"] == ["a", "b"]
+    assert hook.calls == 1
+    with pytest.raises(TypeError, match="callables"):
+        GpuAugmentedPreprocess(preprocess, None, "cpu")
+
+
+def test_disable_cpu_augment_is_in_place_and_idempotent(yolo_data):
+    from ultralytics.data.augment import RandomPerspective
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu")
+    try:
+        assert active_cpu_stages(pipe.dataset) == ["RandomHSV", "RandomFlip(horizontal)"]  # flipud is 0 by default
+        first = disable_cpu_augment(pipe.dataset, affine=True)
+        assert "RandomHSV" in first.names and "RandomPerspective" in first.names
+        assert active_cpu_stages(pipe.dataset, affine=True) == []
+        assert disable_cpu_augment(pipe.dataset, affine=True).names == ()
+        affine = [t for t in pipe.dataset.transforms.transforms[0].transforms if isinstance(t, RandomPerspective)][0]
+        assert affine.size == (32, 32) and affine.scale == 0.0  # the centre crop the GPU affine expects
+    finally:
+        pipe.close()
+    with pytest.raises(TypeError, match="no .transforms"):
+        disable_cpu_augment(object())
+
+
+def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu", gpu_augment=True)
+    try:
+        assert isinstance(pipe.loader, InfiniteDataLoader) and pipe.loader.num_workers == 1
+        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)"}
+        assert active_cpu_stages(pipe.dataset) == []
+        tuned = rebuild_loader(pipe.loader, {"num_workers": 1, "pin_memory": False, "prefetch_factor": 1})
+        assert type(tuned) is InfiniteDataLoader and tuned.dataset is pipe.dataset
+        cfg = loader_config(tuned)
+        assert (cfg["num_workers"], cfg["prefetch_factor"], cfg["batch_size"]) == (1, 1, 4)
+
+        before = {n: p.detach().clone() for n, p in pipe.model.named_parameters()}
+        report = profile_yolo(pipe, steps=2, warmup=1, limit=False, loader=tuned)  # the real loss step
+        assert len(report.steps) == 2 and report.throughput > 0
+        assert [w.pid != os.getpid() for w in report.workers] == [True]  # recorded inside the worker process
+        assert {"Mosaic", "RandomPerspective"} <= set(report.workers[0].transform_s)
+        assert all(torch.equal(before[n], p) for n, p in pipe.model.named_parameters())
+        tuned.close()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "/nonexistent/data.yaml"], "no such file"),
+    (["--budget", "0"], "--budget"),
+    (["--no-gpu-augment", "--gpu-affine"], "--gpu-affine"),
+])
+def test_cli_rejects_bad_arguments(argv, message, capsys):
+    assert cli_main(argv) == 2
+    assert message in capsys.readouterr().err
