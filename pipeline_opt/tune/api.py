@@ -1,8 +1,281 @@
-"""Front door of the tuner (placeholder until the tuner lands)."""
+"""Front door of the tuner: :func:`autotune`.
+
+The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules):
+
+1. profile the loader as given (the baseline report, and the per-batch worker cost and step time);
+2. compute the resource budget (CPU affinity, local ranks, RAM, /dev/shm, batches per epoch);
+3. measure the baseline, then the Little's-law guess interleaved with the baseline (A B A B) to
+   measure the noise; hill-climb num_workers; then pin_memory, persistent_workers, prefetch_factor;
+   then the GPU offload of tensor transforms and JPEG draft decoding (each followed by a new
+   num_workers climb when it wins); finally re-check the winner against the baseline;
+4. build the winning loader from the user's loader (same dataset, sampler, collate, generator ...)
+   and profile it (the best report).
+
+The model's parameters, buffers, gradients, modes and the RNG states are restored bitwise.
+"""
 
 from __future__ import annotations
 
+import inspect
+import math
+import time
+from collections.abc import Callable
+from typing import Any
 
-def autotune(loader, model, step_fn=None, device=None, time_budget_s=60, gpu_transforms=True, **kwargs):
-    """Tune ``loader`` for ``model``; returns a TuneResult."""
-    raise NotImplementedError("tuner not built yet")
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import ModelStateGuard, default_step, resolve_device
+from pipeline_opt.profile.report import ProfileReport
+from pipeline_opt.report.progress import progress_bar
+from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
+from pipeline_opt.tune.build import CandidateBuilder
+from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers, persistent_keeps_order
+from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
+from pipeline_opt.tune.result import Trial, TuneResult
+from pipeline_opt.tune.search import MIN_GAIN, BaselineFailed, Search
+from pipeline_opt.tune.trial import TrialRunner
+
+log = get_logger("tune")
+
+PROFILE_STEPS = 10
+PROFILE_WARMUP = 3
+MIN_TRIAL_TIMEOUT_S = 10.0
+
+Profiler = Callable[..., ProfileReport]
+
+
+def autotune(
+    loader: DataLoader,
+    model: torch.nn.Module,
+    step_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+    device: torch.device | str | None = None,
+    time_budget_s: float = 60,
+    gpu_transforms: bool = True,
+    draft_decode: bool = True,
+    max_workers: int | None = None,
+    progress: bool = True,
+    seed: int | None = None,
+    *,
+    min_gain: float = MIN_GAIN,
+    profiler: Profiler | None = None,
+) -> TuneResult:
+    """Find a faster configuration of ``loader`` for training ``model``, verified by measurement.
+
+    Args:
+        loader: the DataLoader as the training loop uses it (ultralytics' InfiniteDataLoader too).
+        model: the model the loader feeds; its state is restored bitwise afterwards.
+        step_fn: ``step_fn(model, batch)``, the training step without the optimizer; by default a
+            forward + backward on the batch's images.
+        device: where the model runs (default: the model's device).
+        time_budget_s: wall-clock budget for the whole call (a trial in flight may overrun it by
+            its last window plus worker shutdown).
+        gpu_transforms: try moving tensor transforms (normalize / resize / dtype) to the device.
+        draft_decode: try JPEG draft decoding for ImageFolder-like JPEG datasets with a Resize.
+        max_workers: an upper bound on num_workers on top of the measured resource budget.
+        progress: log one line per trial (and draw a bar on a terminal).
+        seed: seed the global RNGs at the start of every trial so candidates see the same random
+            draws (restored afterwards); None leaves them running.
+        min_gain: the smallest relative gain a change must show (on top of the measured noise).
+        profiler: the profiler producing the baseline / best reports (default :func:`pipeline_opt.profile`).
+
+    Returns:
+        A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
+        ``loader`` (GPU-offloaded transforms within their numeric tolerance).
+    """
+    t_start = time.monotonic()
+    _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
+    dev = resolve_device(model, device)
+    step = step_fn if step_fn is not None else default_step
+    if profiler is None:
+        from pipeline_opt.profile import profile as profiler
+    deadline = t_start + float(time_budget_s)
+    bar = progress_bar(None, desc="autotune", enabled=progress)
+    try:
+        with ModelStateGuard(model):
+            return _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler,
+                         gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
+                         progress=progress, seed=seed, min_gain=min_gain)
+    finally:
+        bar.close()
+
+
+def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *, gpu_transforms, draft_decode,
+          max_workers, progress, seed, min_gain) -> TuneResult:
+    baseline_cfg = LoaderConfig.of(loader)
+    budget_s = deadline - t_start
+    t0 = time.monotonic()
+    baseline_report = _profile(profiler, loader, model, step_fn, dev, "the baseline trial (the loader as given)")
+    profile_s = time.monotonic() - t0
+    bar.set_postfix(f"baseline {baseline_report.throughput:,.1f} samples/s")
+
+    probe = probe_batch(loader)
+    worker_rss = max((w.rss_bytes for w in baseline_report.workers if w.worker_id >= 0), default=0)
+    budget = probe_budget(loader, pin_thread=dev.type == "cuda", worker_rss_bytes=worker_rss or None,
+                          user_max=max_workers, probe=probe)
+    for line in budget.reasons:
+        log.debug("budget %s", line)
+
+    gpu_plan, gpu_why = (None, f"device is {dev.type}: nothing to offload to") if dev.type != "cuda" \
+        else (None, "disabled (gpu_transforms=False)") if not gpu_transforms else plan_gpu_offload(loader.dataset)
+    draft_plan, draft_why = (None, "disabled (draft_decode=False)") if not draft_decode \
+        else plan_draft_decode(loader.dataset)
+    batch_wall = probe.wall_s if probe is not None else baseline_report.batch_cpu_s
+    builder = CandidateBuilder(loader, dev, gpu=gpu_plan, draft=draft_plan,
+                               trial_timeout_s=max(MIN_TRIAL_TIMEOUT_S, 10.0 * batch_wall))
+    runner = TrialRunner(builder, model, step, dev, initial_step_s=max(baseline_report.step_time_s, 1e-4),
+                         window_s=min(2.0, max(0.3, budget_s / 40.0)), seed=seed)
+    reserve = min(0.3 * budget_s, profile_s)  # for profiling the winner at the end
+    search = Search(runner, budget, deadline=deadline - reserve, min_gain=min_gain,
+                    on_trial=_trial_logger(bar, progress))
+    try:
+        search.start(baseline_cfg)
+    except BaselineFailed as exc:
+        raise _annotated(exc.__cause__ or exc, "autotune: the baseline trial (the loader as given) failed") from exc
+
+    measured = search.history[baseline_cfg][0].compute_s
+    guess_n = _first_guess(baseline_report, probe, budget, measured)
+    guess = baseline_cfg.with_(num_workers=guess_n)
+    search.calibrate(guess, f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})")
+    search.tune_workers()
+    _tune_flags(search, loader, dev)
+    _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)
+    search.confirm()
+    outcome = search.outcome()
+    log.info("autotune: %s", outcome.verdict)
+
+    final = builder.build(outcome.best, trial=False)
+    best_report = baseline_report if outcome.best == outcome.baseline else \
+        _profile(profiler, final, model, step_fn, dev, f"profiling the tuned loader ({outcome.best.label()})")
+    speedup = 1.0 if outcome.best == outcome.baseline else \
+        outcome.best_throughput / max(outcome.baseline_throughput, 1e-12)
+    return TuneResult(
+        loader=final, config=outcome.best.to_dict(), baseline=baseline_report, best=best_report,
+        trials=outcome.trials, speedup=speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
+        not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=outcome.verdict,
+        budget=budget.to_dict(),
+    )
+
+
+def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
+    inc = search.incumbent
+    if dev.type == "cuda":
+        search.try_change(f"pin_memory -> {not inc.pin_memory}", pin_memory=not inc.pin_memory)
+    else:
+        search.skip("pin_memory", f"device is {dev.type}: pinned memory only speeds up copies to an accelerator")
+    if search.incumbent.num_workers == 0:
+        search.skip("persistent_workers, prefetch_factor", "the best configuration has no workers")
+        return
+    safe, why = persistent_keeps_order(loader)
+    if search.incumbent.persistent_workers:
+        pass
+    elif safe:
+        search.try_change("persistent_workers -> True", persistent_workers=True)
+    else:
+        search.skip("persistent_workers=True", why)
+    pf = search.incumbent.prefetch_factor or 2
+    if not search.try_change(f"prefetch_factor {pf} -> {2 * pf}", prefetch_factor=2 * pf) and pf > 1:
+        search.try_change(f"prefetch_factor {pf} -> {pf // 2}", prefetch_factor=pf // 2)
+
+
+def _tune_dataset_changes(search: Search, gpu_plan, gpu_why: str, draft_plan, draft_why: str) -> None:
+    if gpu_plan is None:
+        search.skip("gpu_transforms", gpu_why)
+    elif search.try_change(f"move {'+'.join(gpu_plan.names)} to the device", gpu_transforms=gpu_plan.names):
+        search.tune_workers("num_workers after the offload")
+    if draft_plan is None:
+        search.skip("draft_decode", draft_why)
+    elif search.try_change("JPEG draft decoding", draft_decode=True):
+        search.tune_workers("num_workers after draft decoding")
+
+
+def _guess_inputs(report: ProfileReport, probe, measured_compute_s: float) -> tuple[float, float]:
+    """(worker seconds per batch, step seconds): the profile's, the probe's and the measured step's."""
+    batch_s = report.batch_cpu_s or (probe.wall_s if probe is not None else 0.0)
+    profiled = report.compute_time_s or max(report.step_time_s * (1.0 - report.data_wait_frac), 0.0)
+    candidates = [s for s in (profiled, measured_compute_s) if s > 0]  # the profiler's own overhead inflates
+    return batch_s, (min(candidates) if candidates else 1e-4)
+
+
+def _first_guess(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> int:
+    batch_s, step_s = _guess_inputs(report, probe, measured_compute_s)
+    return max(1, min(budget.max_workers, littles_law_workers(batch_s, step_s)))
+
+
+def _guess_reason(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> str:
+    batch_s, step_s = _guess_inputs(report, probe, measured_compute_s)
+    need = littles_law_workers(batch_s, step_s)
+    capped = f", capped at {budget.max_workers} by the {budget.binding} budget" if need > budget.max_workers else ""
+    return f"{batch_s * 1e3:.1f} ms of worker time per batch / {step_s * 1e3:.1f} ms per step -> {need}{capped}"
+
+
+def _trial_logger(bar, progress: bool) -> Callable[[Trial], None]:
+    count = [0]
+
+    def on_trial(trial: Trial) -> None:
+        count[0] += 1
+        cfg = LoaderConfig(**{**trial.config, "gpu_transforms": tuple(trial.config["gpu_transforms"])})
+        what = f"{trial.throughput:,.1f} samples/s ±{trial.spread:.0%}" if trial.status == "ok" else trial.status
+        line = f"trial {count[0]}: {cfg.label()}: {what}, {'accepted' if trial.accepted else 'not kept'} - {trial.reason}"
+        (log.info if progress else log.debug)("%s", line)
+        bar.update(1)
+        bar.set_postfix(f"{cfg.label()} {what}")
+
+    return on_trial
+
+
+def _profile(profiler: Profiler, loader: Any, model, step_fn, dev, what: str) -> ProfileReport:
+    extra = {}
+    try:
+        if "limit" in inspect.signature(profiler).parameters:
+            extra["limit"] = False  # the device-resident replay costs seconds the search needs more
+    except (TypeError, ValueError):
+        pass
+    try:
+        return profiler(loader, model, step_fn=step_fn, steps=PROFILE_STEPS, warmup=PROFILE_WARMUP, device=dev,
+                        **extra)
+    except Exception as exc:
+        raise _annotated(exc, f"autotune: {what} failed") from exc
+
+
+def _annotated(exc: BaseException, context: str) -> BaseException:
+    """An exception of the same type (when it can be rebuilt from a message) naming ``context``."""
+    message = f"{context}: {exc}"
+    try:
+        new = type(exc)(message)
+        if str(new) == message:
+            return new
+    except Exception:
+        pass
+    return RuntimeError(f"{message} ({type(exc).__name__})")
+
+
+def _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain) -> None:
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            f"autotune needs a torch.utils.data.DataLoader, got {type(loader).__name__}; pass the DataLoader "
+            "your training loop iterates (for a DeviceLoader, its .loader)"
+        )
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"autotune needs the model as a torch.nn.Module, got {type(model).__name__}; "
+                        "pass the nn.Module that the training step runs")
+    if step_fn is not None and not callable(step_fn):
+        raise TypeError(f"step_fn must be callable as step_fn(model, batch), got {type(step_fn).__name__}")
+    if isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float)) \
+            or not math.isfinite(time_budget_s) or time_budget_s <= 0:
+        raise ValueError(f"time_budget_s={time_budget_s!r} must be a finite number of seconds > 0 (e.g. 60)")
+    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                    or max_workers < 1):
+        raise ValueError(f"max_workers={max_workers!r} must be an integer >= 1 or None (no extra bound)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed={seed!r} must be an int or None")
+    if not isinstance(min_gain, (int, float)) or not 0 <= min_gain < 1:
+        raise ValueError(f"min_gain={min_gain!r} must be a fraction in [0, 1), e.g. 0.03")
+    try:
+        n = len(loader)
+    except TypeError:
+        return
+    if n == 0:
+        raise ValueError(f"the loader yields no batches (empty dataset of {type(loader.dataset).__name__} or "
+                         "sampler); give autotune a loader with at least one batch")

@@ -39,6 +39,8 @@ class TuneResult:
     tuning_time_s: float = 0.0
     not_tried: tuple[str, ...] = ()  # candidates skipped for lack of budget, with the reason
     original_config: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""  # one sentence: what won and by how much, or that nothing did
+    budget: dict[str, Any] = field(default_factory=dict)  # the resource budget and its reasons
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loader"}

@@ -1,0 +1,257 @@
+"""The resource budget that bounds the tuner's search space.
+
+How many DataLoader workers this process may run is limited by four things, each recorded with
+its reason so the report can say why a candidate was capped or skipped:
+
+* **CPU**: the cores in ``os.sched_getaffinity``, minus one for the main (training) thread and one
+  for the pin-memory thread when pinning to an accelerator, divided among the local distributed
+  ranks. A worker that mostly waits (I/O, sleep) needs only a fraction of a core, so the cap is
+  ``usable_cpus / cpu_fraction`` (bounded by an oversubscription ceiling).
+* **RAM**: available memory divided by the memory one worker needs.
+* **/dev/shm**: every worker keeps ``prefetch_factor`` batches in shared memory.
+* **the dataset**: more workers than batches per epoch never helps.
+
+:func:`compute_budget` is the pure arithmetic (unit-tested with injected numbers);
+:func:`probe_budget` gathers the numbers of this machine and this loader.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from pipeline_opt._logging import get_logger
+
+log = get_logger("tune.budget")
+
+DEFAULT_WORKER_RAM_BYTES = 256 * 2**20  # used when no worker has been measured yet
+RAM_FRACTION = 0.8  # share of available RAM the workers may take
+SHM_FRACTION = 0.5  # share of free /dev/shm the prefetched batches may take
+OVERSUBSCRIBE = 8  # at most this many workers per usable core, however idle they are
+MIN_CPU_FRACTION = 1.0 / OVERSUBSCRIBE
+
+
+@dataclass(frozen=True)
+class ResourceBudget:
+    """How many workers (and how much prefetch) this process may use, and why."""
+
+    max_workers: int
+    binding: str  # the limit that set max_workers: cpu | ram | shm | batches | user
+    cpus_in_affinity: int
+    local_ranks: int
+    usable_cpus: float  # per rank, after the main and pin-memory threads
+    cpu_fraction: float  # share of a core one worker keeps busy (measured on a probe batch)
+    cpu_cap: int
+    ram_available_bytes: int
+    ram_per_worker_bytes: int
+    ram_cap: int
+    shm_free_bytes: int | None
+    bytes_per_batch: int
+    shm_cap: int | None  # workers the shm allows at the given prefetch factor (None: no /dev/shm)
+    batches_per_epoch: int | None
+    user_cap: int | None
+    reasons: tuple[str, ...] = ()
+
+    def shm_allows(self, num_workers: int, prefetch_factor: int | None) -> tuple[bool, str]:
+        """Whether ``num_workers * prefetch_factor`` batches fit in the /dev/shm share."""
+        if num_workers == 0 or self.shm_free_bytes is None or self.bytes_per_batch <= 0:
+            return True, ""
+        need = self.bytes_per_batch * (prefetch_factor or 2) * num_workers
+        limit = SHM_FRACTION * self.shm_free_bytes
+        if need > limit:
+            return False, (f"needs {need / 2**20:.0f} MiB of /dev/shm ({num_workers} workers x prefetch "
+                           f"{prefetch_factor} x {self.bytes_per_batch / 2**20:.1f} MiB per batch), "
+                           f"over {SHM_FRACTION:.0%} of the {self.shm_free_bytes / 2**20:.0f} MiB free")
+        return True, ""
+
+    def allows(self, num_workers: int, prefetch_factor: int | None) -> tuple[bool, str]:
+        """``(True, "")`` when the configuration fits, else ``(False, why)``."""
+        if num_workers > self.max_workers:
+            return False, f"num_workers={num_workers} is over the budget of {self.max_workers} ({self.binding}-bound)"
+        return self.shm_allows(num_workers, prefetch_factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def compute_budget(
+    *,
+    cpus: int,
+    local_ranks: int = 1,
+    pin_thread: bool = False,
+    cpu_fraction: float = 1.0,
+    ram_available_bytes: int,
+    ram_per_worker_bytes: int = DEFAULT_WORKER_RAM_BYTES,
+    shm_free_bytes: int | None = None,
+    bytes_per_batch: int = 0,
+    prefetch_factor: int = 2,
+    batches_per_epoch: int | None = None,
+    user_max: int | None = None,
+) -> ResourceBudget:
+    """The budget from plain numbers (no probing); every cap comes with a sentence in ``reasons``."""
+    if cpus < 1:
+        raise ValueError(f"cpus={cpus!r} must be >= 1")
+    if local_ranks < 1:
+        raise ValueError(f"local_ranks={local_ranks!r} must be >= 1")
+    reasons: list[str] = []
+    reserved = 1 + (1 if pin_thread else 0)
+    usable = max(1.0, cpus / local_ranks - reserved)
+    frac = min(1.0, max(MIN_CPU_FRACTION, float(cpu_fraction)))
+    cpu_cap = max(1, int(math.floor(usable / frac + 1e-9)))
+    reasons.append(
+        f"cpu: {cpus} core(s) in the affinity mask / {local_ranks} local rank(s) - {reserved} for the main"
+        f"{' and pin-memory threads' if pin_thread else ' thread'} = {usable:g} usable; a worker keeps "
+        f"{frac:.0%} of a core busy -> up to {cpu_cap} workers"
+    )
+    per_worker = max(1, int(ram_per_worker_bytes))
+    ram_cap = max(1, int(RAM_FRACTION * ram_available_bytes // per_worker))
+    reasons.append(f"ram: {ram_available_bytes / 2**30:.1f} GiB available x {RAM_FRACTION:.0%} / "
+                   f"{per_worker / 2**20:.0f} MiB per worker -> up to {ram_cap} workers")
+    shm_cap = None
+    if shm_free_bytes is not None and bytes_per_batch > 0:
+        shm_cap = max(1, int(SHM_FRACTION * shm_free_bytes // (bytes_per_batch * max(1, prefetch_factor))))
+        reasons.append(f"shm: {shm_free_bytes / 2**20:.0f} MiB free in /dev/shm x {SHM_FRACTION:.0%} / "
+                       f"({bytes_per_batch / 2**20:.2f} MiB per batch x prefetch {prefetch_factor}) -> up to "
+                       f"{shm_cap} workers")
+    caps = {"cpu": cpu_cap, "ram": ram_cap}
+    if shm_cap is not None:
+        caps["shm"] = shm_cap
+    if batches_per_epoch is not None and batches_per_epoch > 0:
+        caps["batches"] = batches_per_epoch
+        reasons.append(f"batches: {batches_per_epoch} batch(es) per epoch -> more workers than that never help")
+    if user_max is not None:
+        caps["user"] = user_max
+        reasons.append(f"user: max_workers={user_max}")
+    binding = min(caps, key=lambda k: (caps[k], k != "user"))
+    return ResourceBudget(
+        max_workers=int(caps[binding]), binding=binding, cpus_in_affinity=cpus, local_ranks=local_ranks,
+        usable_cpus=usable, cpu_fraction=frac, cpu_cap=cpu_cap, ram_available_bytes=int(ram_available_bytes),
+        ram_per_worker_bytes=per_worker, ram_cap=ram_cap, shm_free_bytes=shm_free_bytes,
+        bytes_per_batch=int(bytes_per_batch), shm_cap=shm_cap, batches_per_epoch=batches_per_epoch,
+        user_cap=user_max, reasons=tuple(reasons),
+    )
+
+
+# ---------------------------------------------------------------- probing this machine / loader
+
+
+def affinity_cpus() -> int:
+    """Cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` where unsupported)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_world_size() -> int:
+    """Processes of this job on this host: ``LOCAL_WORLD_SIZE`` (torchrun), else 1."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE")
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            log.warning("ignoring LOCAL_WORLD_SIZE=%r (not an integer)", raw)
+    return 1
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    """Free bytes in the shared-memory file system, or None where there is none."""
+    try:
+        return int(shutil.disk_usage(path).free)
+    except OSError:
+        return None
+
+
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of every tensor nested in ``batch`` (what crosses the worker -> main process boundary)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, Mapping):
+        return sum(tensor_bytes(v) for v in batch.values())
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return sum(tensor_bytes(v) for v in batch)
+    return 0
+
+
+@dataclass(frozen=True)
+class BatchProbe:
+    """One batch produced in the main process: wall, CPU and run-queue seconds, and its size in bytes."""
+
+    wall_s: float
+    cpu_s: float
+    bytes: int
+    runqueue_s: float = 0.0  # runnable but waiting for a core (other processes' load), not the dataset's own wait
+
+    @property
+    def cpu_fraction(self) -> float:
+        """Share of a core the batch needs when it has one: cpu / (wall - time waiting for a core)."""
+        own = max(self.wall_s - self.runqueue_s, self.cpu_s)
+        return 1.0 if own <= 0 else min(1.0, self.cpu_s / own)
+
+
+def _thread_sched() -> tuple[float, float] | None:
+    """(cpu seconds, run-queue wait seconds) of this thread from /proc schedstat; None where unavailable."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            run_ns, wait_ns, _ = fh.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def probe_batch(loader: Any) -> BatchProbe | None:
+    """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error."""
+    from pipeline_opt.loader_clone import clone_loader
+
+    try:
+        clone = clone_loader(loader, num_workers=0)
+        it = iter(clone)
+        s0, c0, t0 = _thread_sched(), time.process_time(), time.perf_counter()
+        batch = next(it)
+        wall, cpu, s1 = time.perf_counter() - t0, time.process_time() - c0, _thread_sched()
+        del it
+    except Exception as exc:  # the baseline measurement surfaces real errors with context
+        log.debug("batch probe failed (%s); assuming CPU-bound workers", exc)
+        return None
+    runqueue = 0.0
+    if s0 is not None and s1 is not None:
+        runqueue = max(0.0, s1[1] - s0[1])
+        cpu = max(cpu, s1[0] - s0[0])
+    return BatchProbe(wall_s=wall, cpu_s=cpu, bytes=tensor_bytes(batch), runqueue_s=runqueue)
+
+
+def probe_budget(
+    loader: Any,
+    *,
+    pin_thread: bool,
+    worker_rss_bytes: int | None = None,
+    user_max: int | None = None,
+    probe: BatchProbe | None = None,
+) -> ResourceBudget:
+    """The budget of this process for ``loader`` (affinity, LOCAL_WORLD_SIZE, RAM, /dev/shm, probe batch)."""
+    probe = probe if probe is not None else probe_batch(loader)
+    per_worker = DEFAULT_WORKER_RAM_BYTES if not worker_rss_bytes else int(worker_rss_bytes)
+    prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
+    if probe is not None:
+        per_worker += probe.bytes * prefetch
+    try:
+        batches = len(loader)
+    except TypeError:
+        batches = None
+    return compute_budget(
+        cpus=affinity_cpus(), local_ranks=local_world_size(), pin_thread=pin_thread,
+        cpu_fraction=1.0 if probe is None else probe.cpu_fraction,
+        ram_available_bytes=int(psutil.virtual_memory().available), ram_per_worker_bytes=per_worker,
+        shm_free_bytes=shm_free_bytes(), bytes_per_batch=0 if probe is None else probe.bytes,
+        prefetch_factor=prefetch, batches_per_epoch=batches, user_max=user_max,
+    )

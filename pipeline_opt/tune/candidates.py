@@ -1,0 +1,120 @@
+"""Candidate configurations: what a trial changes, the first guess, and the neighbours to try next."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from pipeline_opt.loader_clone import loader_config
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """One point of the search space. Hashable, so measured configurations can be looked up."""
+
+    num_workers: int
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    gpu_transforms: tuple[str, ...] = ()  # names of the transforms moved to the device loader
+    draft_decode: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num_workers={self.num_workers!r} must be an integer >= 0")
+        if self.num_workers == 0:  # settings that only exist with workers
+            object.__setattr__(self, "persistent_workers", False)
+            object.__setattr__(self, "prefetch_factor", None)
+        elif self.prefetch_factor is None:
+            object.__setattr__(self, "prefetch_factor", 2)
+
+    @classmethod
+    def of(cls, loader: DataLoader) -> LoaderConfig:
+        """The configuration ``loader`` runs with."""
+        cfg = loader_config(loader)
+        return cls(num_workers=cfg["num_workers"], pin_memory=cfg["pin_memory"],
+                   persistent_workers=cfg["persistent_workers"], prefetch_factor=cfg["prefetch_factor"])
+
+    def with_(self, **changes: Any) -> LoaderConfig:
+        """A copy with ``changes`` applied (worker-only settings normalised by ``__post_init__``)."""
+        return replace(self, **changes)
+
+    def loader_overrides(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`pipeline_opt.loader_clone.clone_loader`."""
+        out: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            out["persistent_workers"] = self.persistent_workers
+            out["prefetch_factor"] = self.prefetch_factor
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor,
+                "gpu_transforms": list(self.gpu_transforms), "draft_decode": self.draft_decode}
+
+    def label(self) -> str:
+        parts = [f"workers={self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"prefetch={self.prefetch_factor}")
+            if self.persistent_workers:
+                parts.append("persistent")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.gpu_transforms:
+            parts.append("gpu:" + "+".join(self.gpu_transforms))
+        if self.draft_decode:
+            parts.append("draft")
+        return " ".join(parts)
+
+
+def littles_law_workers(batch_s: float, step_s: float, margin: float = 0.25) -> int:
+    """Workers needed so that batches arrive as fast as the step consumes them.
+
+    Each worker delivers one batch every ``batch_s`` seconds; the step takes ``step_s``; so about
+    ``ceil(batch_s / step_s)`` workers keep the queue non-empty, plus a margin (25%, at least one)
+    for jitter and for the slowdown of workers sharing cores.
+    """
+    if batch_s <= 0:
+        return 1
+    step_s = max(step_s, 1e-4)
+    need = math.ceil(batch_s / step_s)
+    return int(need + max(1, math.ceil(margin * need)))
+
+
+def worker_neighbours(current: int, cap: int) -> list[int]:
+    """Local-search moves around ``current``: doubling, halving, then steps of a quarter (at least 1)."""
+    step = max(1, current // 4)
+    moves = [min(cap, max(current + 1, 2 * current)), max(1, current // 2), current + step, current - step]
+    out: list[int] = []
+    for w in moves:
+        if 1 <= w <= cap and w != current and w not in out:
+            out.append(w)
+    return out
+
+
+def _sampler_is_deterministic(sampler: Any) -> bool:
+    if isinstance(sampler, SequentialSampler):
+        return True
+    if isinstance(sampler, BatchSampler):
+        return _sampler_is_deterministic(sampler.sampler)
+    inner = getattr(sampler, "sampler", None)  # e.g. ultralytics' _RepeatSampler
+    return inner is not None and inner is not sampler and _sampler_is_deterministic(inner)
+
+
+def persistent_keeps_order(loader: DataLoader) -> tuple[bool, str]:
+    """Whether switching ``persistent_workers`` on keeps the sample order of every epoch.
+
+    torch draws the workers' base seed from the loader's generator (or the global RNG) once per
+    iterator; a persistent iterator is reused, so from the second epoch on a random sampler that
+    shares that RNG draws a different permutation than the non-persistent original would.
+    """
+    if loader.persistent_workers or loader._dataset_kind == 1:
+        return True, ""
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    if _sampler_is_deterministic(sampler):
+        return True, ""
+    return False, ("persistent_workers would change the shuffle order from epoch 2 on (torch draws the "
+                   "workers' seed from the sampler's RNG once per iterator)")

@@ -1,0 +1,293 @@
+"""Steady-state, end-to-end throughput of one candidate loader feeding the user's training step.
+
+A trial starts the loader's workers, discards the first ``max(warmup, num_workers *
+prefetch_factor)`` batches (start-up and the queue pre-filled while the workers started), then
+times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
+window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
+training run does. Every trial ends with its worker processes shut down; a worker that died or
+hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
+:class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
+(:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an optimizer.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import batch_size_of, move_to_device
+
+log = get_logger("tune.measure")
+
+CHILD_GRACE_S = 5.0  # how long finished workers get to exit before they are killed
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Throughput (samples/s) of each repeat window of one trial."""
+
+    windows: tuple[float, ...]
+    steps_per_window: int
+    batch_size: int
+    startup_s: float  # from creating the iterator to the first batch
+    elapsed_s: float  # the whole trial, shutdown included
+    compute_s: float = 0.0  # median synchronised seconds inside step_fn, over the discarded warm-up steps
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.windows)) if self.windows else 0.0
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the windows; 0 for a single window."""
+        m = self.median
+        return 0.0 if m <= 0 or len(self.windows) < 2 else (max(self.windows) - min(self.windows)) / m
+
+    @property
+    def step_s(self) -> float:
+        """Median seconds per step."""
+        return self.batch_size / self.median if self.median > 0 else float("inf")
+
+
+class TrialFailed(Exception):
+    """A candidate could not be measured. ``kind``: worker_died | timeout | data | step | budget."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def classify_loader_error(exc: BaseException) -> str:
+    """``worker_died`` / ``timeout`` for the DataLoader's own failures, ``data`` for the dataset's."""
+    text = str(exc)
+    if "timed out" in text and "DataLoader" in text:
+        return "timeout"
+    if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by signal" in text):
+        return "worker_died"
+    return "data"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work so a host clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class BatchStream:
+    """Batches of ``loader`` without end: epochs are chained; :meth:`close` shuts the workers down."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._it: Iterator | None = None
+        self.epochs = 0
+
+    def _new_iterator(self) -> Iterator:
+        with warnings.catch_warnings():  # the budget, not torch's core-count rule, bounds the workers here
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            return iter(self.loader)
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = self._new_iterator()
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.epochs += 1
+            self._it = self._new_iterator()
+            try:
+                return next(self._it)
+            except StopIteration:
+                raise ValueError("the loader yields no batches (empty dataset or sampler); "
+                                 "give autotune a loader with at least one batch") from None
+
+    def close(self) -> None:
+        """Shut every worker of this stream down (persistent ones included)."""
+        it, self._it = self._it, None
+        _shutdown(it)
+        for dl in _dataloaders_under(self.loader):
+            persistent = getattr(dl, "_iterator", None)
+            if persistent is not None:
+                dl._iterator = None
+                _shutdown(persistent)
+        del it
+
+
+def _dataloaders_under(loader: Any) -> list[Any]:
+    out, seen = [], 0
+    while loader is not None and seen < 4:
+        out.append(loader)
+        loader, seen = getattr(loader, "loader", None), seen + 1
+    return out
+
+
+def _shutdown(it: Any) -> None:
+    if it is None:
+        return
+    close = getattr(it, "close", None)  # a generator (e.g. a device loader's __iter__)
+    if callable(close):
+        close()
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+
+
+def live_children() -> set[int]:
+    """Pids of this process's live child processes (zombies and multiprocessing's shared,
+    long-lived resource tracker excluded)."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                out.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def reap_new_children(before: set[int], grace_s: float = CHILD_GRACE_S) -> list[int]:
+    """Wait for children started since ``before`` to exit; kill the ones still alive. Returns those killed."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        extra = live_children() - before
+        if not extra:
+            return []
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    killed = []
+    for pid in sorted(extra):
+        try:
+            psutil.Process(pid).kill()
+            killed.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    if killed:
+        log.warning("killed %d worker process(es) that outlived their trial: %s", len(killed), killed)
+    return killed
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def measure_throughput(
+    loader: Any,
+    model: torch.nn.Module,
+    step_fn: Callable[[torch.nn.Module, Any], Any],
+    device: torch.device,
+    *,
+    windows: int = 3,
+    steps: int = 10,
+    warmup: int = 2,
+    deadline: float | None = None,
+    seed: int | None = None,
+) -> Measurement:
+    """Median-able throughput windows of ``loader`` + ``step_fn`` in steady state.
+
+    ``deadline`` (``time.monotonic()`` seconds) ends the trial early: after at least one window
+    the windows measured so far are returned; before that a ``TrialFailed("budget")`` is raised.
+    """
+    if windows < 1 or steps < 1 or warmup < 0:
+        raise ValueError(f"windows={windows}, steps={steps} must be >= 1 and warmup={warmup} >= 0")
+    if seed is not None:
+        _seed_everything(seed)
+    inner = _dataloaders_under(loader)[-1]
+    workers = int(getattr(inner, "num_workers", 0) or 0)
+    skip = max(warmup, workers * int(getattr(inner, "prefetch_factor", 0) or 0))
+    before = live_children()
+    stream = BatchStream(loader)
+    t_start = time.perf_counter()
+    results: list[float] = []
+    batch_size = 0
+    startup = 0.0
+    computes: list[float] = []
+    try:
+        for i in range(skip + 1):
+            batch = _next(stream)
+            if i == 0:
+                startup = time.perf_counter() - t_start
+            synchronize(device)
+            c0 = time.perf_counter()
+            _step(step_fn, model, batch, device)
+            synchronize(device)
+            if i > 0:  # the first step pays one-off costs (allocator, cuDNN autotune)
+                computes.append(time.perf_counter() - c0)
+            _check_deadline(deadline, results)
+        for _ in range(windows):
+            t0, samples = time.perf_counter(), 0
+            for _ in range(steps):
+                batch = _next(stream)
+                _step(step_fn, model, batch, device)
+                samples += batch_size_of(batch)
+                _check_deadline(deadline, results)
+            synchronize(device)
+            results.append(samples / max(time.perf_counter() - t0, 1e-9))
+            batch_size = max(batch_size, samples // steps)
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    except _OutOfTime:
+        pass
+    finally:
+        stream.close()
+        killed = reap_new_children(before)
+    if killed and not results:
+        raise TrialFailed("worker_died", f"{len(killed)} worker(s) did not exit and were killed")
+    return Measurement(windows=tuple(results), steps_per_window=steps, batch_size=batch_size,
+                       startup_s=startup, elapsed_s=time.perf_counter() - t_start,
+                       compute_s=float(statistics.median(computes)) if computes else 0.0)
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def _check_deadline(deadline: float | None, results: list[float]) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        if results:
+            raise _OutOfTime
+        raise TrialFailed("budget", "the time budget ran out before the first measured window")
+
+
+def _next(stream: BatchStream) -> Any:
+    try:
+        return next(stream)
+    except ValueError as exc:
+        if "yields no batches" in str(exc):
+            raise
+        raise TrialFailed("data", f"the loader raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        kind = classify_loader_error(exc)
+        what = {"timeout": "a worker hung (DataLoader timed out)", "worker_died": "a worker died",
+                "data": "the loader raised"}[kind]
+        raise TrialFailed(kind, f"{what}: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _step(step_fn: Callable, model: torch.nn.Module, batch: Any, device: torch.device) -> None:
+    if device.type == "cuda":  # as po.profile does: the batch's tensors go to the device before the step
+        batch = move_to_device(batch, device)
+    try:
+        step_fn(model, batch)
+    except Exception as exc:
+        if classify_loader_error(exc) == "worker_died":  # torch's SIGCHLD handler raises wherever we are
+            raise TrialFailed("worker_died", f"a worker died: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise TrialFailed("step", f"step_fn raised {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message's first line, plus its last one when that differs (the worker's original error)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"

@@ -1,0 +1,302 @@
+"""The measured search: baseline, noise, a modelled first guess, local moves, rollback.
+
+The search never builds or iterates a loader itself: it asks an :class:`Evaluator` to measure a
+:class:`LoaderConfig` (and to estimate how long that takes), so the decision logic is tested with
+injected numbers. The rules:
+
+* The baseline (the loader as given) is measured first; a baseline that fails is the user's
+  pipeline failing, and the error propagates.
+* Noise is measured, not assumed: the half-spread of the baseline's repeat windows, and the
+  relative difference between repeated measurements of the baseline (the baseline and the first
+  guess are measured interleaved, A B A B). The larger is the noise. Repeats of a candidate feed
+  its pooled median, not the noise: a candidate's slow first run (worker start-up) must not make
+  every later gain look like noise.
+* A candidate is accepted only when its median beats the incumbent's pooled median by more than
+  ``max(noise, min_gain)``; otherwise the incumbent stays (rollback). A failed candidate (raised,
+  worker died, hung) is recorded and rolled back; the search continues.
+* Before returning, the winner and the baseline are measured once more; unless the winner's pooled
+  median still beats the baseline's beyond the (updated) noise, the baseline is returned.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt.tune.budget import ResourceBudget
+from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours
+from pipeline_opt.tune.measure import Measurement, TrialFailed
+from pipeline_opt.tune.result import Trial
+
+log = get_logger("tune.search")
+
+MIN_GAIN = 0.03
+
+
+class Evaluator(Protocol):
+    """Measures candidates for the search."""
+
+    def measure(self, cfg: LoaderConfig, deadline: float, step_s: float) -> Measurement: ...
+
+    def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float: ...
+
+
+def accept(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN) -> tuple[bool, str]:
+    """Whether a candidate median beats the incumbent median beyond the noise; and the sentence why."""
+    if incumbent <= 0:
+        return candidate > 0, "the incumbent measured no throughput"
+    gain = candidate / incumbent - 1.0
+    threshold = max(noise, min_gain)
+    if gain > threshold:
+        return True, f"{gain:+.1%} beats the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
+    return False, f"{gain:+.1%} is within the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
+
+
+def repeat_noise(medians: list[float]) -> float:
+    """Relative spread (max - min) / mean of repeated medians of one configuration."""
+    if len(medians) < 2:
+        return 0.0
+    mean = statistics.fmean(medians)
+    return 0.0 if mean <= 0 else (max(medians) - min(medians)) / mean
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What the search decided, and the evidence."""
+
+    best: LoaderConfig
+    baseline: LoaderConfig
+    best_throughput: float  # pooled median samples/s
+    baseline_throughput: float
+    noise: float
+    trials: tuple[Trial, ...]
+    not_tried: tuple[str, ...]
+    verdict: str  # one sentence: what won, or that nothing did
+
+
+class BaselineFailed(Exception):
+    """The loader as given could not be measured (the cause is chained)."""
+
+
+class Search:
+    """Stateful search over :class:`LoaderConfig` s; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        budget: ResourceBudget,
+        *,
+        deadline: float,
+        min_gain: float = MIN_GAIN,
+        clock: Callable[[], float] = time.monotonic,
+        on_trial: Callable[[Trial], None] | None = None,
+    ) -> None:
+        self.evaluator = evaluator
+        self.budget = budget
+        self.deadline = deadline
+        self.min_gain = min_gain
+        self.clock = clock
+        self.on_trial = on_trial
+        self.history: dict[LoaderConfig, list[Measurement]] = {}
+        self.failed: dict[LoaderConfig, str] = {}
+        self.trials: list[Trial] = []
+        self.not_tried: list[str] = []
+        self.noise = 0.0
+        self.baseline: LoaderConfig | None = None
+        self.incumbent: LoaderConfig | None = None
+        self.out_of_time = False
+
+    # ------------------------------------------------------------------ evidence
+
+    def median(self, cfg: LoaderConfig) -> float:
+        """Pooled median of every window measured for ``cfg``."""
+        windows = [w for m in self.history.get(cfg, ()) for w in m.windows]
+        return float(statistics.median(windows)) if windows else 0.0
+
+    def _update_noise(self) -> None:
+        noise = 0.0
+        base = self.history.get(self.baseline, [])
+        if base:
+            noise = statistics.median(m.spread for m in base) / 2
+            noise = max(noise, repeat_noise([m.median for m in base]))
+        self.noise = noise
+
+    def _record(self, cfg: LoaderConfig, m: Measurement | None, accepted: bool, reason: str, status: str = "ok",
+                elapsed: float = 0.0) -> None:
+        trial = Trial(config=cfg.to_dict(), throughput=0.0 if m is None else m.median,
+                      spread=0.0 if m is None else m.spread, accepted=accepted, reason=reason, status=status,
+                      windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s)
+        self.trials.append(trial)
+        if self.on_trial is not None:
+            self.on_trial(trial)
+
+    def _step_s(self) -> float:
+        runs = self.history.get(self.incumbent, [])
+        return runs[-1].step_s if runs else 0.0
+
+    def remaining_s(self) -> float:
+        return self.deadline - self.clock()
+
+    def _run(self, cfg: LoaderConfig, why: str, force: bool = False) -> Measurement | None:
+        """Measure ``cfg`` once; None (recorded) when it failed or does not fit the time left.
+
+        ``force`` (the first baseline) measures even when the budget is spent: it gets at least
+        twice its estimated time.
+        """
+        estimate = self.evaluator.estimate_s(cfg, self._step_s())
+        deadline = max(self.deadline, self.clock() + 2 * estimate) if force else self.deadline
+        if force:
+            pass
+        elif self.out_of_time:
+            self.not_tried.append(f"{cfg.label()} ({why}): the time budget ran out")
+            return None
+        elif estimate > self.remaining_s():
+            self.out_of_time = True
+            self.not_tried.append(f"{cfg.label()} ({why}): needs ~{estimate:.1f} s, "
+                                  f"{max(0.0, self.remaining_s()):.1f} s left")
+            return None
+        t0 = self.clock()
+        try:
+            m = self.evaluator.measure(cfg, deadline, self._step_s())
+        except TrialFailed as exc:
+            if cfg == self.baseline and not self.history.get(cfg):
+                raise BaselineFailed(f"the baseline trial ({cfg.label()}) failed: {exc}") from exc
+            if exc.kind == "budget":
+                self.out_of_time = True
+                self.not_tried.append(f"{cfg.label()} ({why}): {exc}")
+                return None
+            self.failed[cfg] = str(exc)
+            back = "" if self.incumbent is None else f"; rolled back to {self.incumbent.label()}"
+            self._record(cfg, None, False, f"{why}: failed, {exc}{back}", status="failed", elapsed=self.clock() - t0)
+            return None
+        if not m.windows:
+            self.failed[cfg] = "no window measured"
+            self._record(cfg, None, False, f"{why}: no window could be measured", status="failed",
+                         elapsed=self.clock() - t0)
+            return None
+        self.history.setdefault(cfg, []).append(m)
+        return m
+
+    # ------------------------------------------------------------------ moves
+
+    def start(self, baseline: LoaderConfig) -> None:
+        """Measure the loader as given; it is the first incumbent."""
+        self.baseline = self.incumbent = baseline
+        m = self._run(baseline, "baseline", force=True)
+        if m is None:
+            raise BaselineFailed(f"the baseline trial ({baseline.label()}) measured no window")
+        self._update_noise()
+        self._record(baseline, m, True, "baseline: the loader as given")
+
+    def consider(self, cfg: LoaderConfig, why: str) -> bool:
+        """Measure ``cfg`` unless already seen or over budget; make it the incumbent if it wins."""
+        if cfg in self.history or cfg in self.failed:
+            return False
+        fits, reason = self.budget.allows(cfg.num_workers, cfg.prefetch_factor)
+        if not fits:
+            self.not_tried.append(f"{cfg.label()} ({why}): {reason}")
+            return False
+        incumbent = self.incumbent
+        m = self._run(cfg, why)
+        if m is None:
+            return False
+        ok, verdict = accept(m.median, self.median(incumbent), self.noise, self.min_gain)
+        tail = f"kept over {incumbent.label()}" if ok else f"rolled back to {incumbent.label()}"
+        self._record(cfg, m, ok, f"{why}: {verdict}; {tail}")
+        if ok:
+            self.incumbent = cfg
+        return ok
+
+    def _repeat(self, cfg: LoaderConfig, why: str) -> bool:
+        m = self._run(cfg, why)
+        if m is None:
+            return False
+        self._update_noise()
+        self._record(cfg, m, cfg == self.incumbent, f"{why}: noise now ±{self.noise:.1%}")
+        return True
+
+    def calibrate(self, guess: LoaderConfig, why: str) -> None:
+        """Baseline vs the first guess, interleaved A B A B; decides on pooled medians."""
+        base = self.baseline
+        if guess == base or not self.budget.allows(guess.num_workers, guess.prefetch_factor)[0]:
+            self._repeat(base, "repeat of the baseline (noise estimate)")
+            return
+        self.consider(guess, why)
+        if guess not in self.history:
+            return
+        if not (self._repeat(base, "repeat of the baseline (A B A B noise estimate)")
+                and self._repeat(guess, f"repeat of {guess.label()} (A B A B noise estimate)")):
+            return
+        ok, verdict = accept(self.median(guess), self.median(base), self.noise, self.min_gain)
+        if ok != (self.incumbent == guess):
+            self.incumbent = guess if ok else base
+            self._record(guess, None, ok, f"pooled A B A B decision: {verdict}; incumbent is now "
+                         f"{self.incumbent.label()}", status="skipped")
+
+    def tune_workers(self, why: str = "num_workers") -> None:
+        """Hill-climb num_workers from the incumbent (doubling, halving, quarter steps) within the budget."""
+        while not self.out_of_time:
+            inc = self.incumbent
+            if inc.num_workers == 0:
+                moves = [1]
+            else:
+                moves = worker_neighbours(inc.num_workers, self.budget.max_workers)
+            for w in moves:
+                cand = inc.with_(num_workers=w)
+                if cand not in self.history and cand not in self.failed \
+                        and self.consider(cand, f"{why} {inc.num_workers} -> {w}"):
+                    break
+            else:
+                return
+
+    def try_change(self, why: str, **changes: object) -> bool:
+        """Measure the incumbent with ``changes`` applied."""
+        return self.consider(self.incumbent.with_(**changes), why)
+
+    def skip(self, what: str, reason: str) -> None:
+        """Note a candidate that is not tried, and why."""
+        self.not_tried.append(f"{what}: {reason}")
+
+    def confirm(self) -> None:
+        """Re-measure the winner and the baseline; keep the winner only if it still beats the baseline."""
+        if self.incumbent == self.baseline:
+            return
+        if self.out_of_time or self.remaining_s() <= 0:
+            self.not_tried.append("final confirmation against the baseline: the time budget ran out")
+            return
+        if not (self._repeat(self.baseline, "final check: the baseline again")
+                and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):
+            return
+        fresh_best, fresh_base = self.history[self.incumbent][-1].median, self.history[self.baseline][-1].median
+        ok, verdict = accept(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+        if ok and fresh_best <= fresh_base:
+            ok, verdict = False, f"the re-measured winner ({fresh_best:,.1f}/s) is not faster than the baseline " \
+                f"({fresh_base:,.1f}/s)"
+        if not ok:
+            loser = self.incumbent
+            self.incumbent = self.baseline
+            self._record(loser, None, False, f"final check against the baseline: {verdict}; "
+                         "returning the original settings", status="skipped")
+
+    def outcome(self) -> SearchOutcome:
+        """The decision. A winner whose pooled gain over the baseline no longer beats the (final)
+        noise, e.g. because a later baseline repeat raised it, is not returned."""
+        if self.incumbent != self.baseline:
+            ok, verdict = accept(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+            if not ok:
+                loser, self.incumbent = self.incumbent, self.baseline
+                self._record(loser, None, False, f"pooled against the baseline: {verdict}; returning the original "
+                             "settings", status="skipped")
+        best, base = self.incumbent, self.baseline
+        if best == base:
+            verdict = "nothing beat the loader as given beyond the noise; the original settings are returned"
+        else:
+            gain = self.median(best) / max(self.median(base), 1e-12)
+            verdict = f"{best.label()} is {gain:.2f}x the baseline ({base.label()}), noise ±{self.noise:.1%}"
+        return SearchOutcome(best=best, baseline=base, best_throughput=self.median(best),
+                             baseline_throughput=self.median(base), noise=self.noise, trials=tuple(self.trials),
+                             not_tried=tuple(self.not_tried), verdict=verdict)

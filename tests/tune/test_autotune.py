@@ -1,0 +1,120 @@
+"""po.autotune end to end on CPU, with the real profiler: faster, never slower, same samples, model untouched."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from tune_fixtures import (
+    CPUBound,
+    FailsWithManyWorkers,
+    Fast,
+    SlowIO,
+    digest,
+    model_state,
+    same_state,
+    tiny_model,
+)
+
+import pipeline_opt as po
+from pipeline_opt._step import default_step
+from pipeline_opt.tune.budget import affinity_cpus
+from pipeline_opt.tune.measure import live_children, measure_throughput
+
+CPU = torch.device("cpu")
+SLACK_S = 15.0  # the call may overrun its budget by the trial in flight and the final profile
+
+
+def _independent(loader, model) -> float:
+    m = measure_throughput(loader, model, default_step, CPU, windows=3, steps=12, warmup=2)
+    return m.median
+
+
+@pytest.mark.timeout(120)
+def test_io_bound_loader_gets_workers_and_is_3x_faster():
+    before_children = live_children()
+    model = tiny_model()
+    state = model_state(model)
+    loader = DataLoader(SlowIO(n=240, latency_s=0.02), batch_size=4)  # 80 ms of waiting per batch
+    budget = 20
+    t0 = time.monotonic()
+    result = po.autotune(loader, model, time_budget_s=budget, progress=False)
+    elapsed = time.monotonic() - t0
+    assert elapsed < budget + SLACK_S and result.tuning_time_s <= elapsed
+    assert same_state(state, model_state(model)), "autotune changed the model"
+    assert result.config["num_workers"] >= 2 and result.loader.num_workers == result.config["num_workers"]
+    assert result.trials[0].reason.startswith("baseline") and all(t.reason for t in result.trials)
+    assert result.speedup > 1.0 and result.noise >= 0.0
+    with torch.no_grad():
+        base, tuned = _independent(loader, model), _independent(result.loader, model)
+    assert tuned >= 3.0 * base, f"tuned {tuned:.0f} samples/s vs original {base:.0f}"
+    assert live_children() - before_children == set(), "worker processes left behind"
+
+
+@pytest.mark.timeout(120)
+def test_cpu_bound_on_this_machine_never_oversubscribes_nor_slows_down():
+    model = tiny_model()
+    loader = DataLoader(CPUBound(n=192, cpu_s=0.002), batch_size=8)
+    result = po.autotune(loader, model, time_budget_s=10, progress=False)
+    assert result.config["num_workers"] <= affinity_cpus()
+    assert result.budget["max_workers"] <= affinity_cpus()
+    if result.config == result.original_config:
+        assert result.speedup == 1.0 and "nothing beat" in result.verdict
+    else:
+        assert result.speedup > 1.0
+        base, tuned = _independent(loader, model), _independent(result.loader, model)
+        assert tuned >= 0.7 * base  # generous: this 2-core CI machine is shared
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_same_samples_in_the_same_order(shuffle):
+    def make():
+        gen = torch.Generator().manual_seed(99) if shuffle else None
+        return DataLoader(SlowIO(n=96, latency_s=0.003), batch_size=8, shuffle=shuffle, generator=gen)
+
+    expected = digest(make())
+    loader = make()
+    result = po.autotune(loader, tiny_model(), time_budget_s=6, progress=False)
+    got = digest(result.loader)
+    assert got == expected and sorted(i for i, _ in got) == list(range(96))
+    assert digest(loader) == expected, "the user's loader no longer yields what it did"
+    if shuffle:
+        assert not result.config["persistent_workers"]
+        assert any("persistent" in x and "shuffle order" in x for x in result.not_tried)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_candidate_is_rolled_back():
+    loader = DataLoader(FailsWithManyWorkers(limit=3), batch_size=8)
+    result = po.autotune(loader, tiny_model(), time_budget_s=15, progress=False)
+    failed = [t for t in result.trials if t.status == "failed"]
+    assert failed and all(t.config["num_workers"] >= 3 for t in failed)
+    assert all("rolled back" in t.reason and "cannot run with" in t.reason for t in failed)
+    assert result.config["num_workers"] < 3
+    assert sorted(i for i, _ in digest(result.loader)) == list(range(256))
+
+
+def test_saves_json_table_and_trace(tmp_path):
+    result = po.autotune(DataLoader(Fast(), batch_size=8), tiny_model(), time_budget_s=4, progress=False)
+    out = result.save(tmp_path / "tune")
+    assert {"tune.json", "tune.txt", "trace.json", "tune.html"} <= {p.name for p in out.iterdir()}
+    assert "trials:" in (out / "tune.txt").read_text()
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"loader": [1, 2]}, TypeError, ["list", "DataLoader"]),
+    ({"time_budget_s": -1}, ValueError, ["time_budget_s", "-1"]),
+    ({"time_budget_s": float("inf")}, ValueError, ["time_budget_s", "inf"]),
+    ({"max_workers": 0}, ValueError, ["max_workers", "0"]),
+    ({"seed": "x"}, TypeError, ["seed"]),
+    ({"step_fn": 3}, TypeError, ["step_fn"]),
+    ({"model": "resnet"}, TypeError, ["Module"]),
+])
+def test_bad_arguments(kwargs, exc, words):
+    args = {"loader": DataLoader(Fast(), batch_size=8), "model": tiny_model(), **kwargs}
+    with pytest.raises(exc) as info:
+        po.autotune(args.pop("loader"), args.pop("model"), **args)
+    assert all(w in str(info.value) for w in words), str(info.value)

@@ -1,0 +1,82 @@
+"""Steady-state measurement: windows, worker shutdown, failures instead of hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, get_worker_info
+from tune_fixtures import Fast, SlowIO, tiny_model
+
+from pipeline_opt._step import default_step
+from pipeline_opt.tune.measure import TrialFailed, live_children, measure_throughput
+
+CPU = torch.device("cpu")
+
+
+class KillsItself(Fast):
+    def __getitem__(self, index):
+        if get_worker_info() is not None and index == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+class Hangs(Fast):
+    def __getitem__(self, index):
+        if get_worker_info() is not None and index == 5:
+            time.sleep(60)
+        return super().__getitem__(index)
+
+
+def _step_raises(model, batch):
+    raise RuntimeError("loss is NaN")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_windows_over_several_epochs_and_no_worker_left(persistent):
+    before = live_children()
+    loader = DataLoader(SlowIO(n=32, latency_s=0.002), batch_size=4, num_workers=2,
+                        persistent_workers=persistent)
+    m = measure_throughput(loader, tiny_model(), default_step, CPU, windows=3, steps=6, warmup=1)
+    assert len(m.windows) == 3 and all(w > 0 for w in m.windows)  # 4 skipped + 18 steps > 8 batches/epoch
+    assert m.batch_size == 4 and m.median > 0 and m.spread >= 0
+    assert live_children() - before == set()
+
+
+@pytest.mark.timeout(60)
+def test_killed_worker_fails_the_trial():
+    loader = DataLoader(KillsItself(), batch_size=4, num_workers=2)
+    with pytest.raises(TrialFailed) as info:
+        measure_throughput(loader, tiny_model(), default_step, CPU, windows=2, steps=4)
+    assert info.value.kind == "worker_died" and "died" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_hung_worker_fails_the_trial_within_the_loader_timeout():
+    before = live_children()
+    loader = DataLoader(Hangs(), batch_size=4, num_workers=2, timeout=2)
+    t0 = time.monotonic()
+    with pytest.raises(TrialFailed) as info:
+        measure_throughput(loader, tiny_model(), default_step, CPU, windows=2, steps=4)
+    assert info.value.kind == "timeout" and time.monotonic() - t0 < 20
+    assert live_children() - before == set()
+
+
+def test_step_failure_is_named():
+    with pytest.raises(TrialFailed, match="step_fn raised RuntimeError: loss is NaN") as info:
+        measure_throughput(DataLoader(Fast(), batch_size=4), tiny_model(), _step_raises, CPU)
+    assert info.value.kind == "step"
+
+
+def test_deadline_ends_the_trial_after_a_window():
+    loader = DataLoader(SlowIO(n=64, latency_s=0.005), batch_size=4)
+    t0 = time.monotonic()
+    m = measure_throughput(loader, tiny_model(), default_step, CPU, windows=500, steps=3, warmup=0,
+                           deadline=time.monotonic() + 1.5)
+    assert 1 <= len(m.windows) < 500 and time.monotonic() - t0 < 10
+    with pytest.raises(TrialFailed) as info:
+        measure_throughput(loader, tiny_model(), default_step, CPU, deadline=time.monotonic() - 1)
+    assert info.value.kind == "budget"

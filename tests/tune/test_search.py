@@ -1,0 +1,188 @@
+"""The search's decisions on injected numbers: acceptance, noise, rollback, budget, time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from tune_fixtures import Fast
+
+from pipeline_opt.tune.budget import compute_budget
+from pipeline_opt.tune.candidates import (
+    LoaderConfig,
+    littles_law_workers,
+    persistent_keeps_order,
+    worker_neighbours,
+)
+from pipeline_opt.tune.measure import Measurement, TrialFailed
+from pipeline_opt.tune.search import BaselineFailed, Search, accept, repeat_noise
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeEvaluator:
+    """Throughput from a function of the config; each trial costs ``cost_s`` of fake time."""
+
+    def __init__(self, clock, rate, cost_s=1.0, fail=None, jitter=()):
+        self.clock, self.rate, self.cost_s, self.fail = clock, rate, cost_s, fail or {}
+        self.jitter, self.calls = list(jitter), []
+
+    def estimate_s(self, cfg, step_s):
+        return self.cost_s
+
+    def measure(self, cfg, deadline, step_s):
+        self.calls.append(cfg)
+        self.clock.t += self.cost_s
+        if cfg.num_workers in self.fail:
+            raise TrialFailed(*self.fail[cfg.num_workers])
+        r = self.rate(cfg) * (1 + (self.jitter.pop(0) if self.jitter else 0.0))
+        return Measurement(windows=(0.98 * r, r, 1.02 * r), steps_per_window=5, batch_size=8, startup_s=0.1,
+                           elapsed_s=self.cost_s)
+
+
+def _budget(max_workers=8):
+    return compute_budget(cpus=64, ram_available_bytes=2**40, user_max=max_workers)
+
+
+def _search(rate, deadline=100.0, max_workers=8, **kw):
+    clock = Clock()
+    ev = FakeEvaluator(clock, rate, **kw)
+    return Search(ev, _budget(max_workers), deadline=deadline, clock=clock), ev
+
+
+def _io_bound(cfg):  # saturates at 6 workers, then slowly degrades
+    w = cfg.num_workers
+    return 100.0 * min(w, 6) - 5.0 * max(0, w - 6) if w else 50.0
+
+
+def test_accept_rule():
+    assert accept(112, 100, noise=0.10)[0]
+    assert not accept(108, 100, noise=0.10)[0]
+    assert not accept(102, 100, noise=0.0, min_gain=0.03)[0]  # the minimum gain applies with no noise
+    ok, why = accept(130, 100, noise=0.2)
+    assert ok and "+30.0%" in why and "±20.0%" in why
+
+
+def test_repeat_noise():
+    assert repeat_noise([100.0]) == 0.0
+    assert repeat_noise([90.0, 110.0]) == pytest.approx(0.2)
+
+
+def test_littles_law_and_neighbours():
+    assert littles_law_workers(batch_s=0.080, step_s=0.010) == 8 + 2
+    assert littles_law_workers(batch_s=0.0, step_s=0.010) == 1
+    assert worker_neighbours(4, cap=16) == [8, 2, 5, 3]
+    assert worker_neighbours(4, cap=4) == [2, 3]
+    assert worker_neighbours(1, cap=8) == [2]
+
+
+def test_loader_config_normalises_worker_only_settings():
+    cfg = LoaderConfig(num_workers=0, persistent_workers=True, prefetch_factor=4)
+    assert (cfg.persistent_workers, cfg.prefetch_factor) == (False, None)
+    assert cfg.with_(num_workers=3).prefetch_factor == 2
+    with pytest.raises(ValueError, match="num_workers"):
+        LoaderConfig(num_workers=-1)
+
+
+def test_persistent_is_refused_for_a_shuffled_loader():
+    assert persistent_keeps_order(DataLoader(Fast(), batch_size=4))[0]
+    ok, why = persistent_keeps_order(DataLoader(Fast(), batch_size=4, shuffle=True,
+                                                generator=torch.Generator().manual_seed(0)))
+    assert not ok and "shuffle order" in why
+
+
+def test_hill_climb_finds_the_knee_and_never_exceeds_the_budget():
+    s, ev = _search(_io_bound, max_workers=8)
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(3), "guess")
+    s.tune_workers()
+    out = s.outcome()
+    assert out.best.num_workers == 6
+    assert max(c.num_workers for c in ev.calls) <= 8
+    assert out.trials[0].reason.startswith("baseline") and all(t.reason for t in out.trials)
+    assert out.best_throughput == pytest.approx(600.0)
+
+
+def test_guess_over_the_budget_is_not_measured():
+    s, ev = _search(_io_bound, max_workers=2)
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(5), "guess")
+    assert all(c.num_workers <= 2 for c in ev.calls)
+
+
+def test_failed_candidate_is_rolled_back_and_the_search_continues():
+    s, ev = _search(_io_bound, fail={6: ("worker_died", "a worker died: killed by signal: Killed")})
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(3), "guess")
+    s.tune_workers()
+    out = s.outcome()
+    failed = [t for t in out.trials if t.status == "failed"]
+    assert [t.config["num_workers"] for t in failed] == [6]
+    assert "rolled back to" in failed[0].reason and "killed by signal" in failed[0].reason
+    assert out.best.num_workers in (5, 7, 8)  # the next best around the failed 6
+
+
+def test_nothing_wins_returns_the_baseline():
+    s, _ = _search(lambda cfg: 100.0)  # every configuration equally fast
+    s.start(LoaderConfig(2))
+    s.calibrate(LoaderConfig(4), "guess")
+    s.tune_workers()
+    s.confirm()
+    out = s.outcome()
+    assert out.best == out.baseline == LoaderConfig(2) and "nothing beat" in out.verdict
+    assert not any(t.accepted for t in out.trials[1:] if t.config != LoaderConfig(2).to_dict())
+
+
+def test_noise_from_interleaved_repeats_blocks_a_small_gain():
+    # baseline repeats differ by ~20%: a real +10% gain is within that noise and is rejected
+    s, _ = _search(lambda cfg: 110.0 if cfg.num_workers == 4 else 100.0, jitter=[0.0, 0.0, 0.2, 0.0])
+    s.start(LoaderConfig(2))
+    s.calibrate(LoaderConfig(4), "guess")
+    assert s.noise == pytest.approx(0.2 / 1.1, rel=1e-3)
+    assert s.incumbent == LoaderConfig(2)
+
+
+def test_final_check_rolls_back_a_winner_that_no_longer_wins():
+    state = {"n": 0}
+
+    def rate(cfg):  # workers=4 wins once, then turns out slower than the baseline
+        if cfg.num_workers == 4:
+            state["n"] += 1
+            return 200.0 if state["n"] == 1 else 60.0
+        return 100.0
+
+    s, _ = _search(rate)
+    s.start(LoaderConfig(2))
+    s.consider(LoaderConfig(4), "move")
+    assert s.incumbent == LoaderConfig(4)
+    s.confirm()
+    assert s.outcome().best == LoaderConfig(2)
+
+
+def test_time_budget_stops_the_search_and_lists_what_was_not_tried():
+    s, ev = _search(_io_bound, deadline=3.5, cost_s=1.0)
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(3), "guess")
+    s.tune_workers()
+    s.try_change("prefetch", prefetch_factor=4)
+    out = s.outcome()
+    assert len(ev.calls) == 3 and out.not_tried
+    assert any("prefetch" in x for x in out.not_tried)
+
+
+def test_a_failing_baseline_raises():
+    s, _ = _search(_io_bound, fail={0: ("data", "the loader raised ValueError: corrupt")})
+    with pytest.raises(BaselineFailed, match="baseline"):
+        s.start(LoaderConfig(0))
+
+
+def test_the_baseline_is_measured_even_past_the_deadline():
+    s, ev = _search(_io_bound, deadline=-5.0)
+    s.start(LoaderConfig(0))
+    assert ev.calls == [LoaderConfig(0)]
