@@ -45,7 +45,6 @@ def test_profile_names_the_failing_index(num_workers, no_orphans):
     _assert_names_index_and_cause(info.value, 13)
 
 
-@pytest.mark.xfail(strict=True, reason="tune/search.py BaselineFailed names the trial but not the sample index")
 @pytest.mark.timeout(90)
 def test_autotune_names_the_failing_index_and_the_trial(no_orphans):
     loader = DataLoader(RaisesAt(13), batch_size=BATCH, num_workers=0)
@@ -55,8 +54,6 @@ def test_autotune_names_the_failing_index_and_the_trial(no_orphans):
     assert re.search(r"trial|baseline", str(info.value), re.IGNORECASE), f"no trial named in: {info.value}"
 
 
-@pytest.mark.xfail(strict=True, reason="on a 2-core CPU machine autotune(time_budget_s=8) never tries a "
-                   "worker configuration, so the fault is not exercised (tuner: see report)")
 @pytest.mark.timeout(120)
 def test_worker_sigkilled_during_a_trial_is_rolled_back(tmp_path, no_orphans):
     loader = DataLoader(KillsWorkerOnce(9, tmp_path / "killed"), batch_size=BATCH, num_workers=0)
@@ -71,8 +68,6 @@ def test_worker_sigkilled_during_a_trial_is_rolled_back(tmp_path, no_orphans):
     assert sorted(i for i, _ in epoch_digest(result.loader)) == list(range(len(loader.dataset)))
 
 
-@pytest.mark.xfail(strict=True, reason="on a 2-core CPU machine autotune(time_budget_s=8) never tries a "
-                   "worker configuration, so the fault is not exercised (tuner: see report)")
 @pytest.mark.timeout(120)
 def test_hung_worker_in_a_trial_is_bounded_and_rolled_back(tmp_path, no_orphans):
     loader = DataLoader(HangsOnce(9, tmp_path / "hung", seconds=600), batch_size=BATCH, num_workers=0)

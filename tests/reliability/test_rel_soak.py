@@ -28,8 +28,6 @@ def _tune_once(model):
     return n
 
 
-@pytest.mark.xfail(strict=True, reason="multiprocessing named semaphores (/dev/shm/sem.mp-*) accumulate "
-                   "across autotune calls: a worker pool / queue is not closed (tuner or profiler)")
 @pytest.mark.timeout(90)
 def test_soak_of_tuning_trials_leaks_nothing():
     model = tiny_model()
