@@ -22,6 +22,8 @@ default group, in the same order. With the NCCL backend, object collectives run 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
@@ -133,6 +135,24 @@ def local_share(total: int | float) -> int | float:
 def is_main_process() -> bool:
     """True on global rank 0 (and in a non-distributed process)."""
     return dist_info().rank == 0
+
+
+_COORDINATING: contextvars.ContextVar[bool] = contextvars.ContextVar("pipeline_opt_coordinating", default=False)
+
+
+@contextlib.contextmanager
+def coordinating():
+    """Mark the ranks as already agreeing (so po.autotune inside does not coordinate again)."""
+    token = _COORDINATING.set(True)
+    try:
+        yield
+    finally:
+        _COORDINATING.reset(token)
+
+
+def should_coordinate() -> bool:
+    """True inside an initialised multi-rank process group, unless the ranks are already agreeing."""
+    return not _COORDINATING.get() and _group_active()
 
 
 def _group_active() -> bool:

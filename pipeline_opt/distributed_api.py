@@ -28,6 +28,7 @@ from pipeline_opt.distributed import (
     all_gather,
     choose_config,
     config_key,
+    coordinating,
     detect_sync_bound,
     dist_info,
     gather_reports,
@@ -215,7 +216,8 @@ def autotune_distributed(loader: Any, model: Any, step_fn: Any = None, *, out_di
     tuned_model = _unwrap_ddp(model) if isolate_ranks else model
     result, error = None, None
     try:
-        result = autotune(loader, tuned_model, step_fn=step_fn, **autotune_kwargs)
+        with coordinating():
+            result = autotune(loader, tuned_model, step_fn=step_fn, **autotune_kwargs)
     except Exception as exc:
         error = exc
     _all_ranks_ok(error)

@@ -16,6 +16,7 @@ The model's parameters, buffers, gradients, modes and the RNG states are restore
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import time
@@ -84,6 +85,18 @@ def autotune(
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
         ``loader`` (GPU-offloaded transforms within their numeric tolerance).
     """
+    from pipeline_opt.distributed import should_coordinate
+
+    if should_coordinate():
+        # Inside torchrun / DDP: every rank tunes its own loader, the ranks agree on one
+        # configuration and every rank's loader is rebuilt with it (pipeline_opt.distributed_api).
+        from pipeline_opt.distributed_api import autotune_distributed
+
+        shared = autotune_distributed(
+            loader, model, step_fn=step_fn, device=device, time_budget_s=time_budget_s,
+            gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
+            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler)
+        return dataclasses.replace(shared.local, loader=shared.loader, config=dict(shared.config))
     t_start = time.monotonic()
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
     dev = resolve_device(model, device)

@@ -154,14 +154,10 @@ def affinity_cpus() -> int:
 
 
 def local_world_size() -> int:
-    """Processes of this job on this host: ``LOCAL_WORLD_SIZE`` (torchrun), else 1."""
-    raw = os.environ.get("LOCAL_WORLD_SIZE")
-    if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError:
-            log.warning("ignoring LOCAL_WORLD_SIZE=%r (not an integer)", raw)
-    return 1
+    """Processes of this job on this host (torchrun's LOCAL_WORLD_SIZE, or the process group's size)."""
+    from pipeline_opt.distributed import local_world_size as ranks_on_this_host
+
+    return ranks_on_this_host()
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:

@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
 
         prof = profile_distributed(loader, model, steps=4, warmup=1, out_dir=out / "profile")
         tuned = autotune_distributed(loader, model, time_budget_s=6, out_dir=out / "tune")
+        plain = po.autotune(loader, model, time_budget_s=4, progress=False)  # unchanged call: ranks agree too
         batches = sum(1 for _ in tuned.loader)
         unchanged = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
         record = {
@@ -69,6 +70,8 @@ def main(argv: list[str]) -> int:
             "reason": tuned.reason,
             "tried_num_workers": [t.config.get("num_workers") for t in tuned.local.trials],
             "tuned_loader_config": loader_config(tuned.loader),
+            "plain_config": plain.config,
+            "plain_loader_config": loader_config(plain.loader),
             "tuned_batches": batches,
             "tune_dir": None if tuned.directory is None else str(tuned.directory),
             "model_unchanged": unchanged,

@@ -13,7 +13,7 @@ import pytest
 from dist_workers import free_port, live_children
 
 HERE = Path(__file__).parent
-JOB_TIMEOUT_S = 100
+JOB_TIMEOUT_S = 160
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,14 @@ def test_both_ranks_profile_and_tune_and_agree(torchrun_job):
             assert r["tuned_loader_config"][key] == r["config"][key]
         assert r["tuned_batches"] == 96 // 2 // 8  # DistributedSampler: half the dataset per rank
         assert r["model_unchanged"]
+
+
+def test_plain_autotune_inside_torchrun_agrees_across_ranks(torchrun_job):
+    out, _ = torchrun_job
+    r0, r1 = _ranks(out)
+    assert r0["plain_config"] == r1["plain_config"], "po.autotune must agree on one configuration under DDP"
+    for r in (r0, r1):
+        assert r["plain_loader_config"]["num_workers"] == r["plain_config"]["num_workers"]
 
 
 def test_cpu_budget_is_divided_by_local_ranks(torchrun_job):
