@@ -9,7 +9,15 @@
 from pipeline_opt import datasets, integrations, transforms
 from pipeline_opt._logging import enable_console_logging, get_logger
 from pipeline_opt._version import __version__
-from pipeline_opt.profile import LoopProfiler, OpStat, ProfileReport, StepRecord, WorkerStats, profile, profile_loop
+from pipeline_opt.profile import (
+    LoopProfiler,
+    OpStat,
+    ProfileReport,
+    StepRecord,
+    WorkerStats,
+    profile,
+    profile_loop,
+)
 from pipeline_opt.transforms import DeviceLoader, split_transforms
 from pipeline_opt.tune import Trial, TuneResult, autotune
 

@@ -1,0 +1,221 @@
+"""Self-contained HTML reports: inline CSS and inline SVG plots, no scripts, no network.
+
+``render_profile_html(report_dict)`` shows the step-time breakdown (stacked data wait / H2D /
+compute per step), per-worker utilisation, per-transform cost, the bottleneck with its evidence and
+the recommendations, top ops, and how to open ``trace.json`` in Perfetto. ``render_tune_html``
+adds the throughput of every autotune trial (spread whiskers, accepted trials highlighted) and the
+before/after comparison. All user-provided strings are escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+from pipeline_opt.report.svg import Series, horizontal_bars, stacked_bars, whisker_bars
+from pipeline_opt.report.text import as_dict, config_change, format_config, transform_names
+
+DATA_WAIT_COLOR = "#e4572e"
+H2D_COLOR = "#f2b705"
+COMPUTE_COLOR = "#2e86ab"
+WORKER_COLOR = "#7b5ea7"
+ACCEPTED_COLOR = "#3aa655"
+REJECTED_COLOR = "#aab4c3"
+FAILED_COLOR = "#e8a0a0"
+TRANSFORM_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac", "#72b7b2")
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:960px;color:#222}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:13px}.cards{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
+.card b{display:block;font-size:18px}.card span{color:#666;font-size:12px}
+.bottleneck{padding:10px 14px;border-radius:6px;background:#fff4e5;border:1px solid #f0c27b}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 7px;text-align:left}
+th{background:#f5f5f5}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+.ok{color:#2a7a3b;font-weight:600}.no{color:#888}
+"""
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+            f"<style>{_CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _pct(frac: float | None) -> str:
+    return "n/a" if frac is None else f"{100 * frac:.0f}%"
+
+
+def _cards(d: Mapping[str, Any]) -> str:
+    eff = d.get("efficiency")
+    items = [
+        (f"{d['throughput']:,.1f}", "samples/s"),
+        (f"{d['step_time_s'] * 1e3:.1f} ms", "median step time"),
+        (_pct(d["data_wait_frac"]), "data wait"),
+        (_pct(d.get("gpu_idle_frac")), "GPU idle"),
+        ("n/a" if eff is None else f"{eff:.2f}x", "efficiency vs limit"),
+    ]
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for v, k in items) + "</div>"
+
+
+def _diagnosis(d: Mapping[str, Any]) -> str:
+    evidence = "".join(f"<li>{_e(x)}</li>" for x in d.get("evidence") or ())
+    recs = "".join(f"<li>{_e(x)}</li>" for x in d.get("recommendations") or ())
+    out = (f'<div class="bottleneck"><b>Bottleneck: {_e(str(d["bottleneck"]).upper())}</b>'
+           f"<ul>{evidence}</ul></div>")
+    if recs:
+        out += f"<h2>Recommendations</h2><ol>{recs}</ol>"
+    return out
+
+
+def step_chart(d: Mapping[str, Any]) -> str:
+    """Stacked bars per measured step: data wait, host-to-device, compute (milliseconds)."""
+    steps = d.get("steps") or ()
+    if not steps:
+        return "<p>No per-step records in this report.</p>"
+    series = [
+        Series("data wait", DATA_WAIT_COLOR, tuple(1e3 * float(s["data_wait_s"]) for s in steps)),
+        Series("H2D", H2D_COLOR, tuple(1e3 * float(s["h2d_s"]) for s in steps)),
+        Series("compute", COMPUTE_COLOR, tuple(1e3 * float(s["compute_s"]) for s in steps)),
+    ]
+    labels = [str(s.get("index", i)) for i, s in enumerate(steps)]
+    return stacked_bars(series, labels, "time per step", "ms")
+
+
+def _workers_section(d: Mapping[str, Any]) -> str:
+    workers = d.get("workers") or ()
+    if not workers:
+        return ""
+    labels = [("main process" if w.get("worker_id", 0) < 0 else f"worker {w.get('worker_id')}") for w in workers]
+    out = ["<h2>Workers</h2><p>CPU utilisation of each loader process (100% = one core).</p>",
+           horizontal_bars(labels, [float(w.get("cpu_percent", 0.0)) for w in workers], "CPU per worker", "%",
+                           WORKER_COLOR, max_value=100.0)]
+    names = transform_names(workers)
+    if names:
+        mean = [sum(float((w.get("transform_s") or {}).get(n, 0.0)) for w in workers) / len(workers) * 1e3
+                for n in names]
+        colors = [TRANSFORM_PALETTE[i % len(TRANSFORM_PALETTE)] for i in range(len(names))]
+        out += ["<p>Mean cost of each transform per sample, across workers.</p>",
+                horizontal_bars(names, mean, "per-transform cost", "ms/sample", colors)]
+    rows = [[lab, w.get("pid"), w.get("samples"), f"{1e3 * float(w.get('mean_sample_s', 0.0)):.2f}",
+             f"{float(w.get('cpu_percent', 0.0)):.0f}", f"{int(w.get('rss_bytes', 0)) / 2**20:.0f}",
+             f"{1e3 * float(w.get('collate_s', 0.0)):.1f}"] for lab, w in zip(labels, workers)]
+    out.append(_table(["process", "pid", "samples", "ms/sample", "cpu %", "rss MB", "collate ms"], rows))
+    return "".join(out)
+
+
+def _ops_section(d: Mapping[str, Any]) -> str:
+    out = []
+    for key, title in (("top_cpu_ops", "Top CPU ops"), ("top_cuda_ops", "Top CUDA ops")):
+        ops = d.get(key) or ()
+        if ops:
+            rows = [[o["name"], o.get("calls", 0), f"{1e3 * float(o.get('self_cpu_s', 0.0)):.2f}",
+                     f"{1e3 * float(o.get('self_cuda_s', 0.0)):.2f}"] for o in ops]
+            out.append(f"<h2>{title}</h2>" + _table(["op", "calls", "self CPU ms", "self CUDA ms"], rows))
+    return "".join(out)
+
+
+_TRACE_HELP = (
+    "<h2>Timeline</h2><p>The merged timeline of the main process and every worker is in "
+    '<a href="trace.json"><code>trace.json</code></a> next to this file. Open '
+    '<a href="https://ui.perfetto.dev">ui.perfetto.dev</a> and choose <i>Open trace file</i>, or type '
+    "<code>chrome://tracing</code> in Chrome and press <i>Load</i>. The file is opened locally; "
+    "nothing is uploaded and this page loads nothing from the network.</p>"
+)
+
+
+def profile_body(d: Mapping[str, Any], heading: str = "Profile") -> str:
+    """The HTML body of one profile (used alone and inside the tuning report)."""
+    meta = (f"device {_e(d.get('device'))} · batch {_e(d.get('batch_size'))} · "
+            f"loader {_e(format_config(d.get('loader_config')))}")
+    env = d.get("environment") or {}
+    env_table = _table(["key", "value"], sorted(env.items())) if env else ""
+    return (f"<h1>{_e(heading)}</h1><p class=\"meta\">{meta}</p>{_cards(d)}{_diagnosis(d)}"
+            f"<h2>Step-time breakdown</h2>{step_chart(d)}{_workers_section(d)}{_ops_section(d)}"
+            f"{_TRACE_HELP}" + (f"<h2>Environment</h2>{env_table}" if env_table else ""))
+
+
+def render_profile_html(report_dict: Mapping[str, Any]) -> str:
+    """One self-contained HTML page for a profile report (``ProfileReport.to_dict()``)."""
+    d = as_dict(report_dict)
+    return _page("pipeline_opt profile", profile_body(d, "pipeline_opt profile"))
+
+
+def trial_chart(d: Mapping[str, Any]) -> str:
+    """Throughput per trial with min..max whiskers; accepted trials green, baseline dashed."""
+    trials = d.get("trials") or ()
+    if not trials:
+        return "<p>No trials were run.</p>"
+    values, lows, highs, colors = [], [], [], []
+    for t in trials:
+        v = float(t.get("throughput") or 0.0)
+        windows = [float(w) for w in t.get("windows") or ()]
+        half = v * float(t.get("spread") or 0.0) / 2
+        lows.append(min(windows) if windows else max(0.0, v - half))
+        highs.append(max(windows) if windows else v + half)
+        values.append(v)
+        status = t.get("status", "ok")
+        colors.append(ACCEPTED_COLOR if t.get("accepted") else FAILED_COLOR if status != "ok" else REJECTED_COLOR)
+    labels = [f"#{i}" if t.get("status", "ok") == "ok" else f"#{i} {t.get('status')}"
+              for i, t in enumerate(trials, 1)]
+    base = float(d["baseline"]["throughput"])
+    return whisker_bars(labels, values, lows, highs, colors, "throughput per trial", "samples/s",
+                        reference=("baseline", base))
+
+
+def render_tune_html(result_dict: Mapping[str, Any]) -> str:
+    """One self-contained HTML page for an autotune result (``TuneResult.to_dict()``)."""
+    d = as_dict(result_dict)
+    base, best = d["baseline"], d["best"]
+    noise = float(d.get("noise") or 0.0)
+    trials = d.get("trials") or ()
+    original = d.get("original_config") or base.get("loader_config") or {}
+    rows = [[f"#{i}", f"{float(t.get('throughput') or 0.0):,.1f}", f"±{100 * float(t.get('spread') or 0.0):.0f}%",
+             "yes" if t.get("accepted") else "no", t.get("status", "ok"), config_change(t.get("config") or {}, original),
+             t.get("reason", "")] for i, t in enumerate(trials, 1)]
+    settings = [[k, _fmt_val(original.get(k, "-")), _fmt_val(v)] for k, v in (d.get("config") or {}).items()]
+    compare = [
+        ["throughput (samples/s)", f"{base['throughput']:,.1f}", f"{best['throughput']:,.1f}"],
+        ["median step time (ms)", f"{1e3 * base['step_time_s']:.1f}", f"{1e3 * best['step_time_s']:.1f}"],
+        ["data wait", _pct(base["data_wait_frac"]), _pct(best["data_wait_frac"])],
+        ["GPU idle", _pct(base.get("gpu_idle_frac")), _pct(best.get("gpu_idle_frac"))],
+        ["bottleneck", base["bottleneck"], best["bottleneck"]],
+    ]
+    not_tried = "".join(f"<li>{_e(x)}</li>" for x in d.get("not_tried") or ())
+    legend = (f'<p><span style="color:{ACCEPTED_COLOR}">■</span> accepted · '
+              f'<span style="color:{REJECTED_COLOR}">■</span> rejected · '
+              f'<span style="color:{FAILED_COLOR}">■</span> failed/skipped · whiskers: min..max of the '
+              "repeat windows · dashed line: baseline</p>")
+    body = (
+        f"<h1>pipeline_opt autotune</h1><p class=\"meta\">{len(trials)} trials in "
+        f"{float(d.get('tuning_time_s') or 0.0):.1f} s · measured noise ±{100 * noise:.0f}%</p>"
+        f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
+        f'<div class="card"><b>{best["throughput"]:,.1f}</b><span>samples/s after</span></div>'
+        f'<div class="card"><b>{base["throughput"]:,.1f}</b><span>samples/s before</span></div></div>'
+        f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"
+        f"<h2>Chosen settings</h2>{_table(['setting', 'before', 'after'], settings)}"
+        f"<h2>Throughput per trial</h2>{trial_chart(d)}{legend}"
+        f"{_table(['trial', 'samples/s', 'spread', 'accepted', 'status', 'change vs given', 'reason'], rows)}"
+        + (f"<h2>Not tried</h2><ul>{not_tried}</ul>" if not_tried else "")
+        + f"<h2>Before: step-time breakdown</h2>{step_chart(base)}"
+        + f"<hr>{profile_body(best, 'Best configuration')}"
+    )
+    return _page("pipeline_opt autotune", body)
+
+
+def _fmt_val(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return str(v)

@@ -1,0 +1,209 @@
+"""Plain-text tables of profile reports and tuning results (terminal, summary.txt, tune.txt).
+
+Every function accepts the result object (``ProfileReport`` / ``TuneResult``) or its ``to_dict()``
+form, so a saved ``report.json`` renders the same way as a live result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_MS = 1e3
+_MB = 1 / (1024 * 1024)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """The dict form of a result: ``obj.to_dict()`` for result objects, ``obj`` for mappings."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(f"expected a ProfileReport/TuneResult or its to_dict() form, got {type(obj).__name__}")
+
+
+def grid(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
+    """Left-aligned columns separated by two spaces, with a rule under the header."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(indent + line for line in lines)
+
+
+def _pct(frac: float | None) -> str:
+    return "n/a" if frac is None else f"{100 * frac:.0f}%"
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * _MS:.1f} ms"
+
+
+def _rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.1f}/s"
+
+
+def _efficiency(d: Mapping[str, Any]) -> str:
+    eff, limit = d.get("efficiency"), d.get("limit_throughput")
+    if eff is None:
+        return "n/a (limit not measured)"
+    return f"{eff:.2f}x of the limit ({limit:,.1f} samples/s on a device-resident batch)" if limit else f"{eff:.2f}x"
+
+
+def format_config(config: Mapping[str, Any] | None) -> str:
+    """``num_workers=4 pin_memory=True ... gpu_transforms=[Normalize]`` on one line."""
+    if not config:
+        return "-"
+    parts = []
+    for k, v in config.items():
+        if isinstance(v, (list, tuple)):
+            v = "[" + ",".join(map(str, v)) + "]"
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+def config_change(config: Mapping[str, Any], original: Mapping[str, Any]) -> str:
+    """Only the settings of ``config`` that differ from ``original`` (``as given`` when none do)."""
+    changed = {k: v for k, v in config.items() if k not in original or original[k] != v}
+    return format_config(changed) if changed else "as given"
+
+
+def profile_table(report: Any) -> str:
+    """The full text summary of one profile: headline numbers, diagnosis, workers, top ops."""
+    d = as_dict(report)
+    n_steps = len(d.get("steps") or ())
+    lines = [
+        f"pipeline_opt profile  device={d.get('device', '?')}  batch={d.get('batch_size', '?')}  "
+        f"measured steps={n_steps}",
+        f"  loader      {format_config(d.get('loader_config'))}",
+        f"  throughput  {d['throughput']:,.1f} samples/s",
+        f"  step time   {_ms(d['step_time_s'])} median   (compute {_ms(d.get('compute_time_s'))})",
+        f"  data wait   {_pct(d['data_wait_frac'])} of step time",
+        f"  GPU idle    {_pct(d.get('gpu_idle_frac'))}" + ("  (CPU run)" if d.get("gpu_idle_frac") is None else ""),
+        f"  efficiency  {_efficiency(d)}",
+        *([f"  sync        {_pct(d['sync_frac'])} of the window in host-device syncs / collectives"]
+          if d.get("sync_frac") else []),
+        f"  batch CPU   {_ms(d.get('batch_cpu_s'))} of worker time per batch (collate {_ms(d.get('collate_s'))})",
+        "",
+        f"bottleneck: {str(d['bottleneck']).upper()}",
+    ]
+    lines += [f"  - {e}" for e in d.get("evidence") or ()]
+    recs = d.get("recommendations") or ()
+    if recs:
+        lines += ["", "recommendations:"] + [f"  {i}. {r}" for i, r in enumerate(recs, 1)]
+    workers = d.get("workers") or ()
+    if workers:
+        lines += ["", f"workers ({len(workers)}):", _workers_grid(workers)]
+    for key, title in (("top_cpu_ops", "top CPU ops (self time)"), ("top_cuda_ops", "top CUDA ops (self time)")):
+        ops = d.get(key) or ()
+        if ops:
+            lines += ["", f"{title}:", _ops_grid(ops)]
+    return "\n".join(lines)
+
+
+def transform_names(workers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Transform names across workers, costliest first (by mean seconds per sample)."""
+    totals: dict[str, float] = {}
+    for w in workers:
+        for name, s in (w.get("transform_s") or {}).items():
+            totals[name] = totals.get(name, 0.0) + float(s)
+    return sorted(totals, key=lambda k: -totals[k])
+
+
+_MAX_TRANSFORM_COLUMNS = 6
+
+
+def _workers_grid(workers: Sequence[Mapping[str, Any]]) -> str:
+    names = transform_names(workers)
+    shown, rest = names[:_MAX_TRANSFORM_COLUMNS], names[_MAX_TRANSFORM_COLUMNS:]
+    headers = ["worker", "pid", "samples", "ms/sample", "cpu%", "rss MB", "collate ms"] + [f"{n} ms" for n in shown]
+    if rest:
+        headers.append(f"{len(rest)} others ms")
+    rows = []
+    for w in workers:
+        wid = "main" if w.get("worker_id", 0) < 0 else w.get("worker_id")
+        ts = w.get("transform_s") or {}
+        row = [wid, w.get("pid"), w.get("samples"), f"{w.get('mean_sample_s', 0.0) * _MS:.2f}",
+               f"{w.get('cpu_percent', 0.0):.0f}", f"{w.get('rss_bytes', 0) * _MB:.0f}",
+               f"{w.get('collate_s', 0.0) * _MS:.1f}"] + [f"{ts[n] * _MS:.2f}" if n in ts else "-" for n in shown]
+        if rest:
+            row.append(f"{sum(ts.get(n, 0.0) for n in rest) * _MS:.2f}")
+        rows.append(row)
+    return grid(headers, rows)
+
+
+def _ops_grid(ops: Sequence[Mapping[str, Any]]) -> str:
+    rows = [[o["name"][:60], o.get("calls", 0), f"{o.get('self_cpu_s', 0.0) * _MS:.2f}",
+             f"{o.get('self_cuda_s', 0.0) * _MS:.2f}"] for o in ops]
+    return grid(["op", "calls", "self CPU ms", "self CUDA ms"], rows)
+
+
+def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None = None,
+                       original_config: Mapping[str, Any] | None = None) -> str:
+    """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings."""
+    b, a = as_dict(before), as_dict(after)
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return f"{y / x:.2f}x" if x and y is not None else "-"
+
+    def eff(d: Mapping[str, Any]) -> str:
+        return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
+
+    rows = [
+        ["throughput (samples/s)", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}",
+         ratio(b["throughput"], a["throughput"])],
+        ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])],
+        ["data wait", _pct(b["data_wait_frac"]), _pct(a["data_wait_frac"]), ""],
+        ["GPU idle", _pct(b.get("gpu_idle_frac")), _pct(a.get("gpu_idle_frac")), ""],
+        ["efficiency vs limit", eff(b), eff(a), ""],
+        ["bottleneck", b["bottleneck"], a["bottleneck"], ""],
+    ]
+    out = [grid(["", "before", "after", "change"], rows)]
+    original = dict(original_config or b.get("loader_config") or {})
+    if config:
+        out.append("")
+        out.append("  settings:")
+        kw = max(len(str(k)) for k in config)
+        ow = max(len(_short(original.get(k, "-"))) for k in config)
+        for k, v in config.items():
+            old = original.get(k, "-")
+            mark = "" if old == v else "   (changed)"
+            out.append(f"    {k:<{kw}}  {_short(old):<{ow}} -> {_short(v)}{mark}")
+    return "\n".join(out)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(map(str, v)) + "]" if v else "[]"
+    return str(v)
+
+
+def tune_table(result: Any) -> str:
+    """The autotune summary: before/after with speedup and noise, every trial, and what was not tried."""
+    d = as_dict(result)
+    trials = d.get("trials") or ()
+    noise = float(d.get("noise") or 0.0)
+    speedup = float(d["speedup"])
+    verdict = "beyond noise" if speedup - 1.0 > noise else "within noise"
+    lines = [
+        f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
+        f"  speedup {speedup:.2f}x ({verdict}; measured noise ±{100 * noise:.0f}%)",
+        "",
+        before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config")),
+        "",
+        "trials:",
+    ]
+    original = d.get("original_config") or d["baseline"].get("loader_config") or {}
+    rows = []
+    for i, t in enumerate(trials, 1):
+        status = t.get("status", "ok")
+        tput = f"{t['throughput']:,.1f}" if status == "ok" else status
+        rows.append([i, tput, f"±{100 * float(t.get('spread') or 0.0):.0f}%", "yes" if t.get("accepted") else "no",
+                     config_change(t.get("config") or {}, original), t.get("reason", "")])
+    lines.append(grid(["#", "samples/s", "spread", "accepted", "change vs given", "reason"], rows)
+                 if rows else "  (none)")
+    not_tried = d.get("not_tried") or ()
+    if not_tried:
+        lines += ["", "not tried:"] + [f"  - {x}" for x in not_tried]
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Text tables rendered from hand-built reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from report_samples import make_profile, make_tune
+
+from pipeline_opt.report.text import before_after_table, grid, profile_table, tune_table
+
+
+def test_profile_table_shows_every_section(sample_profile):
+    text = profile_table(sample_profile)
+    for needle in ("250.0 samples/s", "94.0 ms", "60% of step time", "n/a  (CPU run)", "0.25x of the limit",
+                   "bottleneck: DATA", "main thread waited 60%", "1. raise num_workers from 2 to 6",
+                   "workers (2):", "Resize ms", "2.20", "aten::convolution", "410.00"):
+        assert needle in text, needle
+    assert "top CUDA ops" not in text  # empty sections are left out
+
+
+def test_profile_table_same_from_object_and_dict(sample_profile):
+    assert profile_table(sample_profile) == profile_table(sample_profile.to_dict()) == sample_profile.table()
+
+
+def test_profile_table_gpu_fields():
+    report = dataclasses.replace(make_profile(), gpu_idle_frac=0.42, device="cuda:0", efficiency=None,
+                                 limit_throughput=None)
+    text = profile_table(report)
+    assert "GPU idle    42%" in text and "CPU run" not in text
+    assert "n/a (limit not measured)" in text
+
+
+def test_main_process_worker_is_labelled():
+    report = make_profile(num_workers=1)
+    report = dataclasses.replace(report, workers=(dataclasses.replace(report.workers[0], worker_id=-1),))
+    row = [line for line in profile_table(report).splitlines() if "1000" in line][0]
+    assert row.split()[0] == "main"
+
+
+def test_tune_table_lists_trials_and_not_tried(sample_tune):
+    text = tune_table(sample_tune)
+    assert "4 trials in 31.5 s" in text
+    assert "speedup 2.40x (beyond noise; measured noise ±8%)" in text
+    assert re.search(r"num_workers +2 +-> 4   \(changed\)", text)
+    assert re.search(r"pin_memory +False +-> False\n", text)
+    assert "[Normalize]" in text
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit() and "%" in line]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    assert rows[1][3] == "yes" and rows[2][3] == "no"
+    assert rows[3][1] == "failed"
+    # trial configs show what changed against the loader as given
+    assert rows[0][4:6] == ["as", "given"]
+    assert rows[2][4:6] == ["num_workers=4", "pin_memory=True"]
+    assert "gpu decode: no CUDA device" in text
+    assert tune_table(sample_tune.to_dict()) == text == sample_tune.table()
+
+
+def test_tune_table_says_within_noise():
+    result = dataclasses.replace(make_tune(), speedup=1.05, noise=0.08)
+    assert "within noise" in tune_table(result)
+
+
+def test_before_after_ratios():
+    text = before_after_table(make_profile(200.0), make_profile(500.0), {"num_workers": 3})
+    line = [x for x in text.splitlines() if "throughput" in x][0]
+    assert line.split()[-1] == "2.50x"
+    assert "num_workers  2 -> 3   (changed)" in text
+
+
+def test_grid_aligns_columns():
+    out = grid(["a", "long header"], [[1, 2], ["wide cell", None]]).splitlines()
+    assert len({len(line.rstrip()) for line in out[:2]}) == 1
+    assert out[2].index("2") == out[0].index("long header")
+
+
+def test_rejects_unknown_objects():
+    with pytest.raises(TypeError, match="ProfileReport/TuneResult"):
+        profile_table(object())
+
+
+def test_many_transforms_are_folded_into_others():
+    report = make_profile(num_workers=1)
+    costs = {f"T{i}": 0.001 * (10 - i) for i in range(9)}
+    report = dataclasses.replace(report, workers=(dataclasses.replace(report.workers[0], transform_s=costs),))
+    text = profile_table(report)
+    assert "T5 ms" in text and "T6 ms" not in text and "3 others ms" in text
+    row = [line for line in text.splitlines() if "1000" in line][0].split()
+    assert row[-1] == f"{(4 + 3 + 2):.2f}"  # T6..T8: 4 + 3 + 2 ms
