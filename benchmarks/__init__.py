@@ -1,0 +1,1 @@
+"""Benchmarks of pipeline_opt (run them with ``python -m benchmarks.<name>``; see README.md)."""

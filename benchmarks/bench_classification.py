@@ -1,0 +1,391 @@
+"""Classification benchmark: ResNet-50 at 224 px, batch 128, bf16 autocast, channels_last.
+
+A generated JPEG image folder (2048 images of 1280x960) feeds one training step (forward, cross
+entropy, backward, SGD step — the benchmark owns the optimizer; the library never touches it).
+
+Rows
+    limit          the same step on a device-resident batch replayed (no data pipeline at all)
+    default        num_workers=4, pin_memory off, Resize((224, 224)) + ToTensor + Normalize on the CPU
+    grid ...       num_workers x pin x offload x decode (pil | draft | nvjpeg), every point measured
+                   once (coarse pass, in an order that puts the likely-fast points first, under a time
+                   budget: points the budget cut are listed under not_measured with that reason)
+    autotune       the loader po.autotune returned from the default loader (its tuning time is a field)
+A final interleaved pass (rounds of limit, default, the top grid points — rows ``final: grid ...`` —
+and autotune, alternating order) gives the medians the ratios are computed from.
+
+    python -m benchmarks.bench_classification --out DIR          # H200: about 7 minutes
+    python -m benchmarks.bench_classification --quick --device cpu   # smoke test
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/bench_classification.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
+from torchvision import transforms as T  # noqa: E402
+
+from benchmarks import harness as H  # noqa: E402
+
+NAME = "bench_classification"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DECODES = ("nvjpeg", "draft", "pil")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    n_images: int = 2048
+    image_size: tuple[int, int] = (1280, 960)
+    crop: int = 224
+    batch: int = 128
+    model: str = "resnet50"
+    workers: tuple[int, ...] = (2, 4, 8, 12, 0)  # 0 = every usable core
+    default_workers: int = 4
+    budget_s: float = 430.0  # whole benchmark (run_gpu.sh gives it a hard limit above this)
+    autotune_budget_s: float = 90.0
+    final_reserve_s: float = 75.0  # kept for the final interleaved pass
+    rounds: int = 3
+    top_k: int = 3
+    min_steps: int = 4
+    min_seconds: float = 1.0
+    max_seconds: float = 6.0
+
+
+QUICK = Sizes(n_images=48, image_size=(320, 240), crop=32, batch=8, model="resnet18", workers=(2,),
+              default_workers=1, budget_s=60.0, autotune_budget_s=6.0, final_reserve_s=8.0, rounds=2, top_k=1,
+              min_steps=2, min_seconds=0.0, max_seconds=1.0)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point."""
+
+    workers: int
+    pin: bool
+    offload: bool
+    decode: str
+
+    @property
+    def name(self) -> str:
+        return (f"grid nw={self.workers:<2d} pin={'on ' if self.pin else 'off'} "
+                f"offload={'on ' if self.offload else 'off'} decode={self.decode}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the training step
+
+
+class Trainer:
+    """Model, optimizer and the benchmark's training step (bf16 autocast and channels_last on CUDA)."""
+
+    def __init__(self, model_name: str, device: torch.device, num_classes: int) -> None:
+        self.device = device
+        self.amp = device.type == "cuda"
+        model = getattr(torchvision.models, model_name)(weights=None, num_classes=num_classes)
+        self.model = model.to(device, memory_format=torch.channels_last)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def step_fn(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """step_fn(model, batch) for po.autotune and for the harness (forward, loss, backward, SGD)."""
+        images, labels = batch[0], batch[1]
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        if not images.is_floating_point():
+            raise TypeError(f"the classification step expects normalised float images, got {images.dtype}")
+        images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            loss = self.loss(model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def step(self, batch: Any) -> None:
+        self.step_fn(self.model, batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# pipelines
+
+
+class MissingAPI(RuntimeError):
+    """The library API a row needs is not there (yet)."""
+
+
+def cpu_compose(crop: int) -> T.Compose:
+    """The all-on-CPU pipeline of the default row."""
+    return T.Compose([T.Resize((crop, crop)), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def make_loader(dataset: Any, sizes: Sizes, workers: int, pin: bool, collate_fn: Any = None,
+                seed: int = 0) -> DataLoader:
+    """A long-epoch loader (sampling with replacement): a large dataset's steady state, no epoch ends."""
+    gen = torch.Generator().manual_seed(seed)
+    sampler = RandomSampler(dataset, replacement=True, num_samples=sizes.batch * 100_000, generator=gen)
+    return DataLoader(dataset, batch_size=sizes.batch, sampler=sampler, num_workers=workers,
+                      pin_memory=pin and torch.cuda.is_available(), drop_last=True, collate_fn=collate_fn,
+                      prefetch_factor=2 if workers > 0 else None, persistent_workers=False)
+
+
+def draft_folder(root: Path, transform: Any, crop: int) -> Any:
+    """An ImageFolder whose loader is the library's draft (JPEG DCT-scaling) decoder, as autotune uses it."""
+    factory = H.optional("pipeline_opt.transforms.decode", "draft_loader")
+    if not factory:
+        factory = H.optional("pipeline_opt.transforms.decode", "DraftLoader")
+    if not factory:
+        raise MissingAPI(factory.reason)
+    return torchvision.datasets.ImageFolder(root, transform=transform, loader=factory((crop, crop)))
+
+
+def nvjpeg_source(root: Path, sizes: Sizes, point: Point, device: torch.device) -> Any:
+    """Encoded bytes out of the workers (packed per batch), decoded and resized on the GPU (nvJPEG).
+
+    On a CPU device the same decoder runs libjpeg through torchvision (the smoke test's path).
+    """
+    api = H.optional("pipeline_opt.transforms.decode", "EncodedJpegDataset", "packed_jpeg_collate",
+                     "GpuJpegDecoder")
+    if not api:
+        raise MissingAPI(api.reason)
+    dataset_cls, collate, decoder_cls = api
+    from pipeline_opt.transforms import DeviceLoader
+
+    dataset = dataset_cls.from_image_folder(root)
+    loader = make_loader(dataset, sizes, point.workers, point.pin, collate_fn=collate)
+    decoder = decoder_cls(size=(sizes.crop, sizes.crop), mean=MEAN, std=STD, device=device)
+    return DeviceLoader(loader, device=device, batch_transform=decoder)
+
+
+def build_source(root: Path, sizes: Sizes, point: Point, device: torch.device) -> Any:
+    """The batch source of one grid point."""
+    if point.decode == "nvjpeg":
+        return nvjpeg_source(root, sizes, point, device)
+    compose = cpu_compose(sizes.crop)
+    gpu_part = None
+    if point.offload:
+        from pipeline_opt.transforms import split_transforms
+
+        compose, gpu_part = split_transforms(compose)
+    if point.decode == "draft":
+        dataset = draft_folder(root, compose, sizes.crop)
+    else:
+        dataset = torchvision.datasets.ImageFolder(root, transform=compose)
+    loader = make_loader(dataset, sizes, point.workers, point.pin)
+    if not point.offload:
+        return loader
+    from pipeline_opt.transforms import DeviceLoader
+
+    return DeviceLoader(loader, device=device, transform=gpu_part)
+
+
+def grid_points(sizes: Sizes, cores: int) -> list[Point]:
+    """Every point, likely-fast first (GPU decode, then draft, then PIL; more workers first)."""
+    workers = sorted({w if w > 0 else cores for w in sizes.workers}, reverse=True)
+    points = []
+    for decode in DECODES:
+        for offload in (True, False):
+            if decode == "nvjpeg" and not offload:
+                continue  # GPU decoding is an offload by definition
+            for nw in workers:
+                for pin in (True, False):
+                    points.append(Point(nw, pin, offload, decode))
+    return points
+
+
+def impossible(point: Point, device: torch.device) -> str | None:
+    if device.type != "cuda" and point.pin:
+        return "pinned memory needs CUDA"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+
+
+def candidate_of(name: str, factory: Any, trainer: Trainer, meta: dict[str, Any]) -> H.Candidate:
+    return H.Candidate(name, factory, trainer.step, meta=meta)
+
+
+def run(args: Any) -> Path:
+    started = time.monotonic()
+    sizes = QUICK if args.quick else Sizes()
+    if args.rounds:
+        sizes = replace(sizes, rounds=args.rounds)
+    if args.budget_s:
+        sizes = replace(sizes, budget_s=args.budget_s)
+    deadline = H.Deadline(sizes.budget_s)
+    device = H.pick_device(args.device)
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(args.seed)
+    cores = H.usable_cores()
+    root, gen_s = H.image_folder(sizes.n_images, sizes.image_size, seed=args.seed)
+    H.log.info("dataset %s ready in %.1f s", root, gen_s)
+    num_classes = len(torchvision.datasets.folder.find_classes(root)[0])
+    trainer = Trainer(sizes.model, device, num_classes)
+    window = {"min_steps": sizes.min_steps, "min_seconds": sizes.min_seconds, "max_seconds": sizes.max_seconds}
+
+    limit_batch = (torch.randn(sizes.batch, 3, sizes.crop, sizes.crop, device=device)
+                   .contiguous(memory_format=torch.channels_last),
+                   torch.randint(0, num_classes, (sizes.batch,), device=device))
+    limit = H.Candidate("limit (device-resident replay)", lambda: H.replay(limit_batch), trainer.step,
+                        discard=3, meta={"what": "same step, one synthetic batch already on the device"})
+    limit.window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN autotune + allocator warm-up
+
+    default_point = Point(sizes.default_workers, False, False, "pil")
+    rows: list[H.Row] = []
+    coarse: dict[str, H.Row] = {}
+    points = grid_points(sizes, cores)
+    grid_deadline_s = sizes.budget_s - sizes.autotune_budget_s - sizes.final_reserve_s
+    for point in points:
+        reason = impossible(point, device)
+        if reason:
+            coarse[point.name] = H.not_run(point.name, "skipped", reason, asdict(point))
+            continue
+        if deadline.elapsed() > grid_deadline_s:
+            coarse[point.name] = H.not_run(point.name, "skipped", f"time budget: the coarse pass is limited to "
+                                           f"{grid_deadline_s:.0f} s of the {sizes.budget_s:.0f} s budget",
+                                           asdict(point))
+            continue
+        coarse[point.name] = measure_point(root, sizes, point, device, trainer, window)
+    coarse_ok = sorted((r for r in coarse.values() if r.status == "ok"), key=lambda r: -r.median)
+
+    tuned, tune_info = run_autotune(root, sizes, default_point, device, trainer, deadline)
+
+    finals = [limit, candidate_of(f"default (nw={default_point.workers}, CPU transforms)",
+                                  lambda: build_source(root, sizes, default_point, device), trainer,
+                                  asdict(default_point))]
+    top = coarse_ok[: sizes.top_k]
+    by_name = {p.name: p for p in points}
+    for r in top:
+        p = by_name[r.name]
+        finals.append(candidate_of(f"final: {r.name}", lambda p=p: build_source(root, sizes, p, device), trainer,
+                                   asdict(p)))
+    if tuned is not None:
+        finals.append(candidate_of("autotune", lambda: tuned.loader, trainer, tune_info))
+    final_deadline = H.Deadline(max(5.0, deadline.left()))
+    measured = H.interleave(finals, sizes.rounds, device, deadline=final_deadline, **window)
+    final_rows = H.rows_of(finals, measured)
+    limit_row = final_rows[0]
+    noise = median_spread(final_rows)
+    for r in final_rows:
+        eff = H.ratio(r, limit_row)
+        rows.append(r.with_extra(efficiency=eff, phase="final (interleaved)"))
+    if tuned is None:
+        rows.append(H.not_run("autotune", tune_info.get("status", "failed"), tune_info.get("reason", "")))
+    for r in coarse.values():
+        if r.status == "ok":  # one window has no spread of its own: carry the noise measured above
+            r = r.with_extra(efficiency=H.ratio(r, limit_row), phase="coarse (one window)",
+                             spread_source="median spread of the repeated rows" if noise else "one window")
+            r = replace(r, stats={**r.stats, "spread": noise})
+        rows.append(r)
+
+    summary = summarize(rows, final_rows, coarse_ok, tune_info, noise, gen_s)
+    path = H.write_result(
+        args.out, NAME, rows,
+        config={**asdict(sizes), "device": str(device), "dataset": str(root), "grid_points": len(points)},
+        summary=summary, started=started,
+        ledger={"model": sizes.model, "batch": sizes.batch, "resolution": sizes.crop, "ddp": False,
+                "amp": "bf16" if trainer.amp else "fp32"})
+    print(H.format_table(rows, title=f"{NAME} ({device})", reference=limit_row if limit_row.status == "ok" else None))
+    print({k: v for k, v in summary.items() if k.startswith(("autotune", "grid_best", "targets"))})
+    return path
+
+
+def measure_point(root: Path, sizes: Sizes, point: Point, device: torch.device, trainer: Trainer,
+                  window: dict[str, Any]) -> H.Row:
+    """One coarse window of one grid point (fresh loader, closed afterwards)."""
+    cand = candidate_of(point.name, lambda: build_source(root, sizes, point, device), trainer, asdict(point))
+    try:
+        cand.start()
+    except MissingAPI as exc:
+        return H.not_run(point.name, "missing", str(exc), asdict(point))
+    except NotImplementedError as exc:
+        return H.not_run(point.name, "missing", f"placeholder API: {exc}", asdict(point))
+    measured = H.interleave([cand], 1, device, **window)
+    return H.rows_of([cand], measured)[0]
+
+
+def run_autotune(root: Path, sizes: Sizes, point: Point, device: torch.device, trainer: Trainer,
+                 deadline: H.Deadline) -> tuple[Any, dict[str, Any]]:
+    """po.autotune on the default loader; returns (TuneResult or None, info)."""
+    autotune = H.optional("pipeline_opt", "autotune")
+    if not autotune:
+        return None, {"status": "missing", "reason": autotune.reason}
+    budget = min(sizes.autotune_budget_s, max(5.0, deadline.left() - sizes.final_reserve_s))
+    loader = build_source(root, sizes, point, device)
+    t0 = time.perf_counter()
+    try:
+        result = autotune(loader, trainer.model, step_fn=trainer.step_fn, device=device, time_budget_s=budget,
+                          gpu_transforms=True)
+    except NotImplementedError as exc:
+        return None, {"status": "missing", "reason": f"placeholder API: {exc}"}
+    except Exception as exc:
+        H.log.exception("autotune failed")
+        return None, {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+    wall = time.perf_counter() - t0
+    info = {"tuning_time_s": getattr(result, "tuning_time_s", None) or wall, "tuning_wall_s": wall,
+            "time_budget_s": budget, "config": result.config, "speedup_reported": result.speedup,
+            "noise_reported": getattr(result, "noise", None), "trials": len(result.trials),
+            "accepted": [t.config for t in result.trials if t.accepted]}
+    return result, info
+
+
+def median_spread(rows: list[H.Row]) -> float:
+    spreads = sorted(r.stats["spread"] for r in rows if r.status == "ok" and r.stats["n"] >= 2)
+    return spreads[len(spreads) // 2] if spreads else 0.0
+
+
+def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row], tune_info: dict[str, Any],
+              noise: float, gen_s: float) -> dict[str, Any]:
+    by = {r.name: r for r in final_rows}
+    limit = final_rows[0]
+    default = final_rows[1]
+    grid_final = [r for r in final_rows if r.name.startswith("final: grid") and r.status == "ok"]
+    grid_best = max(grid_final, key=lambda r: r.median, default=None)
+    auto = by.get("autotune")
+    out: dict[str, Any] = {
+        "dataset_generation_s": gen_s,
+        "noise_median_spread": noise,
+        "grid_best": None if grid_best is None else grid_best.name,
+        "grid_best_coarse": coarse_ok[0].name if coarse_ok else None,
+        "grid_measured": sum(1 for r in rows if r.name.startswith("grid") and r.status == "ok"),
+        "autotune_vs_grid_best": H.ratio(auto, grid_best),
+        "autotune_vs_default": H.ratio(auto, default),
+        "autotune_vs_limit": H.ratio(auto, limit),
+        "grid_best_vs_limit": H.ratio(grid_best, limit),
+        "default_vs_limit": H.ratio(default, limit),
+        "autotune_tuning_time_s": tune_info.get("tuning_time_s"),
+        "autotune_info": tune_info,
+    }
+    out["targets"] = {
+        "autotune >= 0.95x grid best": _meets(out["autotune_vs_grid_best"], 0.95),
+        "autotune >= 8x default": _meets(out["autotune_vs_default"], 8.0),
+        "autotune >= 0.6x limit": _meets(out["autotune_vs_limit"], 0.6),
+        "autotune >= 0.75x limit (stretch)": _meets(out["autotune_vs_limit"], 0.75),
+        "tuning <= 90 s": None if out["autotune_tuning_time_s"] is None else out["autotune_tuning_time_s"] <= 90.0,
+    }
+    return out
+
+
+def _meets(value: float | None, threshold: float) -> bool | None:
+    return None if value is None else value >= threshold
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = H.common_parser(__doc__.splitlines()[0]).parse_args(argv)
+    H.setup(args)
+    path = run(args)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Transform benchmark: this project's batch transforms on the GPU against the CPU work they replace.
+
+Per batch (GPU, CUDA events)
+    normalize   uint8 (128, 3, 224, 224) -> float, /255, mean/std        (pipeline_opt.transforms.gpu)
+    resize      uint8 (128, 3, 480, 640) -> (224, 224), bilinear + antialias
+    hsv         uint8 (64, 3, 640, 640), ultralytics gains 0.015/0.7/0.4   (pipeline_opt.transforms.augment)
+    flip        uint8 (64, 3, 640, 640), p=0.5
+    affine      uint8 (64, 3, 640, 640), translate 0.1, scale 0.5
+Per image on one CPU core (what a DataLoader worker spends; torch and OpenCV on one thread), times
+the batch size for the per-batch comparison
+    normalize   torchvision ToTensor + Normalize on a PIL image
+    resize      PIL resize (BILINEAR) and cv2.resize (INTER_LINEAR)
+    hsv         ultralytics RandomHSV (OpenCV LUTs);  flip: np.fliplr + ascontiguousarray
+    affine      cv2.warpAffine (ultralytics RandomPerspective's warp), border 114
+Per image decode on the CPU (1280x960 JPEG): Pillow decode, decode + resize to 224, draft decode
+(``Image.draft``, DCT scaling) + resize, OpenCV imdecode, torchvision decode_jpeg. The Pillow flavour
+that ran (stock Pillow or Pillow-SIMD) is in every decode row's name and in env.versions.pillow.
+
+Every row is in images per second; ``seconds_per_call`` holds the raw time.
+
+    python -m benchmarks.bench_transforms --out DIR        # H200: about 1 minute
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/bench_transforms.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import harness as H  # noqa: E402
+
+NAME = "bench_transforms"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    cls_batch: int = 128
+    crop: int = 224
+    src_hw: tuple[int, int] = (480, 640)
+    det_batch: int = 64
+    det_size: int = 640
+    jpeg_size: tuple[int, int] = (1280, 960)
+    reps: int = 20
+    cpu_reps: int = 30
+    max_seconds: float = 4.0
+    budget_s: float = 120.0
+
+
+QUICK = Sizes(cls_batch=4, crop=32, src_hw=(48, 64), det_batch=2, det_size=64, jpeg_size=(320, 240), reps=3,
+              cpu_reps=3, max_seconds=0.5, budget_s=30.0)
+
+OPS = ("normalize", "resize", "hsv", "flip", "affine")
+
+
+class MissingAPI(RuntimeError):
+    """The library API a row needs is not there (yet)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU side (this project's transforms)
+
+
+def gpu_modules(sizes: Sizes) -> dict[str, Callable[[torch.Tensor], Any] | H.Missing]:
+    """op -> a callable on a uint8 batch (or Missing with the reason)."""
+    out: dict[str, Any] = {}
+    gpu = H.optional("pipeline_opt.transforms.gpu", "ToFloat", "Normalize", "Resize")
+    if gpu:
+        to_float, normalize, resize = gpu
+        tf, nm = to_float(), normalize(MEAN, STD)
+        out["normalize"] = lambda x: nm(tf(x))
+        out["resize"] = resize((sizes.crop, sizes.crop))
+    else:
+        out["normalize"] = out["resize"] = gpu
+    aug = H.optional("pipeline_opt.transforms.augment", "RandomHSV", "RandomHorizontalFlip", "RandomAffine")
+    if aug:
+        hsv, flip, affine = aug
+        out["hsv"] = hsv(0.015, 0.7, 0.4, seed=0)
+        out["flip"] = flip(0.5, seed=0)
+        out["affine"] = affine(translate=0.1, scale=0.5, seed=0)
+    else:
+        out["hsv"] = out["flip"] = out["affine"] = aug
+    return out
+
+
+def gpu_inputs(sizes: Sizes, device: torch.device) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+
+    def u8(*shape: int) -> torch.Tensor:
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device)
+
+    cls = u8(sizes.cls_batch, 3, sizes.crop, sizes.crop)
+    src = u8(sizes.cls_batch, 3, *sizes.src_hw)
+    det = u8(sizes.det_batch, 3, sizes.det_size, sizes.det_size)
+    return {"normalize": cls, "resize": src, "hsv": det, "flip": det, "affine": det}
+
+
+def gpu_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
+    mods, inputs = gpu_modules(sizes), gpu_inputs(sizes, device)
+    rows = []
+    for op in OPS:
+        name = f"gpu {op} (per batch, {device.type})"
+        mod, x = mods[op], inputs[op]
+        if not mod:
+            rows.append(H.not_run(name, "missing", mod.reason))
+            continue
+        if isinstance(mod, torch.nn.Module):
+            mod.to(device)
+        try:
+            times = H.time_callable(lambda mod=mod, x=x: mod(x), device, reps=sizes.reps,
+                                    max_seconds=sizes.max_seconds)
+        except Exception as exc:
+            H.log.exception("%s failed", name)
+            rows.append(H.not_run(name, "failed", f"{type(exc).__name__}: {exc}"))
+            continue
+        rows.append(H.row_of_times(name, times, x.shape[0], {"op": op, "shape": list(x.shape), "side": "gpu"}))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU side (what one worker does per image)
+
+
+def cpu_callables(sizes: Sizes) -> dict[str, Callable[[], Any]]:
+    import cv2
+    from PIL import Image
+    from torchvision import transforms as T
+
+    rng = np.random.default_rng(0)
+    h, w = sizes.src_hw
+    small = Image.fromarray(rng.integers(0, 256, (sizes.crop, sizes.crop, 3), dtype=np.uint8))
+    src = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    src_pil = Image.fromarray(src)
+    det = rng.integers(0, 256, (sizes.det_size, sizes.det_size, 3), dtype=np.uint8)
+    to_tensor_norm = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+    s = sizes.det_size
+    matrix = cv2.getRotationMatrix2D((s / 2, s / 2), 0.0, 1.3)
+    matrix[:, 2] += (0.05 * s, -0.05 * s)
+
+    out: dict[str, Callable[[], Any]] = {
+        "normalize torchvision ToTensor+Normalize": lambda: to_tensor_norm(small),
+        "resize PIL bilinear": lambda: src_pil.resize((sizes.crop, sizes.crop), Image.BILINEAR),
+        "resize cv2 linear": lambda: cv2.resize(src, (sizes.crop, sizes.crop), interpolation=cv2.INTER_LINEAR),
+        "flip np.fliplr+contiguous": lambda: np.ascontiguousarray(np.fliplr(det)),
+        "affine cv2.warpAffine": lambda: cv2.warpAffine(det, matrix, (s, s), borderValue=(114, 114, 114)),
+    }
+    hsv = H.optional("ultralytics.data.augment", "RandomHSV")
+    if hsv:
+        op = hsv(hgain=0.015, sgain=0.7, vgain=0.4)
+
+        def ultralytics_hsv() -> Any:
+            img = det.copy()  # RandomHSV works in place
+            return op({"img": img})
+
+        out["hsv ultralytics RandomHSV"] = ultralytics_hsv
+    return out
+
+
+def cpu_rows(sizes: Sizes) -> list[H.Row]:
+    import cv2
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    rows = []
+    batch_of = {"normalize": sizes.cls_batch, "resize": sizes.cls_batch, "hsv": sizes.det_batch,
+                "flip": sizes.det_batch, "affine": sizes.det_batch}
+    try:
+        for label, fn in cpu_callables(sizes).items():
+            op = label.split()[0]
+            times = H.time_callable(fn, None, reps=sizes.cpu_reps, max_seconds=sizes.max_seconds)
+            row = H.row_of_times(f"cpu {label} (per image, 1 core)", times, 1, {"op": op, "side": "cpu"})
+            per_image = row.extra["seconds_per_call"]
+            rows.append(row.with_extra(worker_seconds_per_batch=per_image * batch_of[op], batch=batch_of[op]))
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def decode_rows(sizes: Sizes) -> list[H.Row]:
+    """Per-image JPEG decoding on one core: Pillow (stock or SIMD), draft, OpenCV, torchvision."""
+    import cv2
+    import torchvision
+    from PIL import Image
+
+    flavour = H.pillow_flavour()["flavour"]
+    folder, _ = H.image_folder(8, sizes.jpeg_size)
+    files = sorted(folder.rglob("*.jpg"))
+    blobs = [f.read_bytes() for f in files]
+    crop = (sizes.crop, sizes.crop)
+    state = {"i": 0}
+
+    def blob() -> bytes:
+        state["i"] = (state["i"] + 1) % len(blobs)
+        return blobs[state["i"]]
+
+    def pil_decode() -> Any:
+        im = Image.open(io.BytesIO(blob()))
+        return im.convert("RGB")
+
+    def pil_decode_resize() -> Any:
+        return pil_decode().resize(crop, Image.BILINEAR)
+
+    def pil_draft_resize() -> Any:
+        im = Image.open(io.BytesIO(blob()))
+        im.draft("RGB", crop)
+        return im.convert("RGB").resize(crop, Image.BILINEAR)
+
+    def cv2_decode() -> Any:
+        return cv2.imdecode(np.frombuffer(blob(), np.uint8), cv2.IMREAD_COLOR)
+
+    def tv_decode() -> Any:
+        return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(blob()), dtype=torch.uint8))
+
+    fns = {f"decode {flavour}": pil_decode, f"decode+resize {flavour}": pil_decode_resize,
+           f"draft decode+resize {flavour}": pil_draft_resize, "decode opencv imdecode": cv2_decode,
+           "decode torchvision decode_jpeg (cpu)": tv_decode}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    rows = []
+    try:
+        for label, fn in fns.items():
+            times = H.time_callable(fn, None, reps=sizes.cpu_reps, max_seconds=sizes.max_seconds)
+            rows.append(H.row_of_times(f"cpu {label} (per image, 1 core)", times, 1,
+                                       {"op": "decode", "side": "cpu", "jpeg_size": list(sizes.jpeg_size),
+                                        "pillow": flavour}))
+    finally:
+        torch.set_num_threads(threads)
+    if flavour != "pillow-simd":
+        rows.append(H.not_run("cpu decode pillow-simd (per image, 1 core)", "skipped",
+                              "Pillow-SIMD is not installed in this environment (make simd, then rerun)"))
+    return rows
+
+
+def summarize(rows: list[H.Row]) -> dict[str, Any]:
+    """Per op: GPU seconds per batch vs one CPU worker's seconds for the same batch."""
+    out: dict[str, Any] = {}
+    for op in OPS:
+        gpu = next((r for r in rows if r.meta.get("op") == op and r.meta.get("side") == "gpu" and r.status == "ok"),
+                   None)
+        cpus = [r for r in rows if r.meta.get("op") == op and r.meta.get("side") == "cpu" and r.status == "ok"]
+        cpu = min(cpus, key=lambda r: r.extra["worker_seconds_per_batch"], default=None)
+        entry: dict[str, Any] = {
+            "gpu_seconds_per_batch": None if gpu is None else gpu.extra["seconds_per_call"],
+            "cpu_best": None if cpu is None else cpu.name,
+            "cpu_worker_seconds_per_batch": None if cpu is None else cpu.extra["worker_seconds_per_batch"],
+        }
+        if gpu is not None and cpu is not None:
+            entry["gpu_speedup_vs_one_worker"] = entry["cpu_worker_seconds_per_batch"] / entry["gpu_seconds_per_batch"]
+        out[op] = entry
+    return out
+
+
+def run(args: Any) -> Path:
+    started = time.monotonic()
+    sizes = QUICK if args.quick else Sizes()
+    if args.budget_s:
+        sizes = replace(sizes, budget_s=args.budget_s)
+    device = H.pick_device(args.device)
+    rows = []
+    for part in (lambda: gpu_rows(sizes, device), lambda: cpu_rows(sizes), lambda: decode_rows(sizes)):
+        try:
+            rows += part()
+        except Exception as exc:  # one failing part must not lose the others
+            H.log.exception("part failed")
+            rows.append(H.not_run(f"part {len(rows)}", "failed", f"{type(exc).__name__}: {exc}"))
+    summary = summarize(rows)
+    path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
+                          started=started, ledger={"model": "transforms", "ddp": False, "amp": ""})
+    print(H.format_table(rows, title=f"{NAME} ({device})"))
+    for op, entry in summary.items():
+        print(f"{op:<10} gpu/batch={entry['gpu_seconds_per_batch']}  one-worker/batch="
+              f"{entry['cpu_worker_seconds_per_batch']}  x={entry.get('gpu_speedup_vs_one_worker')}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = H.common_parser(__doc__.splitlines()[0]).parse_args(argv)
+    H.setup(args)
+    path = run(args)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

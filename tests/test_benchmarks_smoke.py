@@ -1,0 +1,221 @@
+"""The benchmark harness, and every benchmark script run with --quick on the CPU.
+
+The scripts run in subprocesses (as run_gpu.sh runs them) on tiny generated data; the checks are
+on the JSON they write: the keys the ledger and the README need, and positive, consistent numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import harness as H
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# harness units
+
+
+def test_summarize_median_quartiles_and_spread():
+    s = H.summarize([10.0, 30.0, 20.0, 40.0])
+    assert s["median"] == 25.0 and s["min"] == 10.0 and s["max"] == 40.0
+    assert s["q1"] == 17.5 and s["q3"] == 32.5 and s["iqr"] == 15.0
+    assert s["spread"] == pytest.approx(30.0 / 25.0) and s["n"] == 4
+    with pytest.raises(ValueError):
+        H.summarize([])
+
+
+def test_row_validation_and_ledger_shape():
+    with pytest.raises(ValueError, match="status"):
+        H.Row("x", status="bogus")
+    with pytest.raises(ValueError, match="no measurements"):
+        H.Row("x")
+    d = H.row_of("a", [100.0, 200.0], {"k": 1}, efficiency=0.5).to_dict()
+    assert d["throughput"] == 150.0 and d["spread"] == pytest.approx(100.0 / 150.0) and d["efficiency"] == 0.5
+    assert H.not_run("b", "missing", "no API").to_dict()["reason"] == "no API"
+    with pytest.raises(ValueError, match="positive"):
+        H.row_of_times("t", [0.0], 1)
+
+
+def test_row_round_trips_through_json_as_the_yolo_child_returns_it():
+    from benchmarks.bench_yolo import _row_from_dict
+
+    row = H.row_of("r @8 cores", [5.0, 7.0], {"cores": 8}, efficiency=0.9)
+    back = _row_from_dict(json.loads(json.dumps(row.to_dict())))
+    assert back.to_dict() == row.to_dict()
+    gone = H.not_run("x", "failed", "boom")
+    assert _row_from_dict(gone.to_dict()).to_dict() == gone.to_dict()
+
+
+class _Counter:
+    """An endless source that records which batches were handed out."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __iter__(self):
+        i = 0
+        while True:
+            self.log.append((self.name, i))
+            yield torch.zeros(4, 1)
+            i += 1
+
+
+def test_window_discards_then_counts_samples_and_interleave_alternates_order():
+    taken = []
+    a = H.Candidate("a", lambda: _Counter(taken, "a"), lambda b: None, discard=3)
+    b = H.Candidate("b", lambda: _Counter(taken, "b"), lambda b: None, discard=1)
+    res = H.interleave([a, b], 3, "cpu", min_steps=2, min_seconds=0.0, max_seconds=5.0)
+    assert [len(res[n].windows) for n in "ab"] == [3, 3]
+    w = res["a"].windows[0]
+    assert w.steps == 2 and w.samples == 8 and w.discarded == 3 and w.throughput > 0
+    # a's iterator stays alive across rounds: each window discards 3 and times 2 -> 15 batches
+    assert sum(1 for n, _ in taken if n == "a") == 15
+    order = [n for n, i in taken if (n == "a" and i % 5 == 0) or (n == "b" and i % 3 == 0)]
+    assert order == ["a", "b", "b", "a", "a", "b"], "rounds must alternate A B / B A"
+
+
+def test_interleave_records_a_failing_candidate_and_runs_the_others():
+    def boom(batch):
+        raise RuntimeError("step exploded")
+
+    good = H.Candidate("good", lambda: H.replay(torch.zeros(2, 1)), lambda b: None, discard=0)
+    bad = H.Candidate("bad", lambda: H.replay(torch.zeros(2, 1)), boom, discard=0)
+    res = H.interleave([bad, good], 2, "cpu", min_steps=1, min_seconds=0.0)
+    rows = {r.name: r for r in H.rows_of([bad, good], res)}
+    assert rows["bad"].status == "failed" and "step exploded" in rows["bad"].reason
+    assert rows["good"].status == "ok" and rows["good"].stats["n"] == 2
+
+
+def test_prefilled_batches_reads_the_loader_under_a_wrapper():
+    ds = torch.utils.data.TensorDataset(torch.zeros(8, 1))
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, prefetch_factor=4)
+
+    class Wrapper:
+        def __init__(self, loader):
+            self.loader = loader
+
+    assert H.prefilled_batches(Wrapper(loader)) == 8
+    assert H.prefilled_batches(torch.utils.data.DataLoader(ds)) == 0
+
+
+def test_optional_reports_what_is_missing():
+    assert H.optional("json", "dumps") is json.dumps
+    missing = H.optional("json", "no_such_name")
+    assert not missing and "json.no_such_name" in missing.reason
+    assert not H.optional("no_such_module_xyz", "x")
+
+
+def test_environment_has_commit_versions_and_hardware(monkeypatch):
+    monkeypatch.setenv("PO_COMMIT", "abc123")
+    env = H.environment()
+    assert env["commit"] == "abc123"
+    assert env["hardware"]["usable_cores"] == len(env["hardware"]["affinity"]) >= 1
+    assert env["versions"]["torch"] == torch.__version__
+    assert env["versions"]["pillow"]["flavour"] in ("pillow", "pillow-simd")
+
+
+# --------------------------------------------------------------------------------------------------
+# the scripts, end to end on the CPU
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run the four scripts once (quick, CPU); returns {name: parsed JSON or the failure}."""
+    base = tmp_path_factory.mktemp("bench")
+    out = base / "out"
+    env = {**os.environ, "PIPELINE_OPT_CACHE": str(base / "cache"), "PO_COMMIT": "smoke-test",
+           "YOLO_CONFIG_DIR": str(base / "yolo_cfg"), "CUDA_VISIBLE_DEVICES": ""}
+    found = {}
+    for name in ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead"):
+        # bench_yolo runs its restricted-cores part as `--cores 1` directly (the child mode), which
+        # exercises the same code as the child process at half the cost
+        extra = ["--cores", "1"] if name == "bench_yolo" else []
+        proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--device", "cpu",
+                               "--out", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+        path = out / f"{name}.json"
+        found[name] = (json.loads(path.read_text()) if proc.returncode == 0 and path.exists()
+                       else f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    found["_out"] = out
+    return found
+
+
+NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_script_writes_complete_json(results, name):
+    res = results[name]
+    assert isinstance(res, dict), res
+    assert res["benchmark"] == name and res["commit"] == "smoke-test" and res["date"]
+    hw, versions = res["env"]["hardware"], res["env"]["versions"]
+    assert {"gpu", "cpu_count", "affinity", "cpu_model"} <= hw.keys()
+    assert {"python", "torch", "torchvision", "kornia", "ultralytics", "pillow"} <= versions.keys()
+    assert res["rows"], f"no measured row; not measured: {res['not_measured']}"
+    for row in res["rows"]:
+        s = row["stats"]
+        assert row["throughput"] > 0 and s["min"] > 0, row["name"]
+        assert s["min"] <= s["median"] <= s["max"] and s["n"] == len(row["samples"]) >= 1
+    for row in res["not_measured"]:
+        assert row["status"] in ("skipped", "failed", "missing") and row["reason"], row
+
+
+@pytest.mark.slow
+def test_classification_rows_and_ratios(results):
+    res = results["bench_classification"]
+    names = [r["name"] for r in res["rows"]]
+    assert names[0].startswith("limit") and names[1].startswith("default")
+    assert any(n.startswith("grid") for n in names)
+    assert res["rows"][0]["efficiency"] == 1.0
+    assert {"autotune_vs_grid_best", "autotune_vs_default", "autotune_vs_limit", "targets"} <= res["summary"].keys()
+    every = {r["name"]: r for r in res["rows"] + res["not_measured"]}
+    for decode in ("pil", "draft", "nvjpeg"):
+        assert any(n.endswith(f"decode={decode}") for n in every), f"no grid row for decode={decode}"
+    pinned = [r for n, r in every.items() if "pin=on" in n]
+    assert pinned and all(r["status"] == "skipped" and "CUDA" in r["reason"] for r in pinned)
+
+
+@pytest.mark.slow
+def test_yolo_has_both_core_settings(results):
+    res = results["bench_yolo"]
+    every = [r["name"] for r in res["rows"] + res["not_measured"]]
+    assert every and all(n.endswith("@1 cores") for n in every)
+    assert res["rows"][0]["name"].startswith("limit")
+    assert res["env"]["hardware"]["usable_cores"] == 1, "--cores 1 must restrict the CPU affinity"
+    assert "1 cores" in res["summary"]
+
+
+@pytest.mark.slow
+def test_transforms_reports_the_pillow_flavour(results):
+    res = results["bench_transforms"]
+    flavour = res["env"]["versions"]["pillow"]["flavour"]
+    assert any(r["name"].startswith(f"cpu decode {flavour}") for r in res["rows"])
+    assert set(res["summary"]) == {"normalize", "resize", "hsv", "flip", "affine"}
+
+
+@pytest.mark.slow
+def test_overhead_compares_against_plain(results):
+    res = results["bench_overhead"]
+    assert res["rows"][0]["name"] == "plain" and res["rows"][0]["vs_plain"] == 1.0
+
+
+@pytest.mark.slow
+def test_summary_table_and_ledger(results, tmp_path):
+    out = results["_out"]
+    ledger = tmp_path / "ledger.jsonl"
+    assert H._main([str(out), "--ledger", str(ledger)]) == 0
+    md = (out / "results.md").read_text()
+    assert all(f"### {n}" in md for n in NAMES if isinstance(results[n], dict))
+    if H.optional("pipeline_opt.report.ledger", "append"):
+        lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+        assert lines and all(x["throughput"] > 0 and x["commit"] == "smoke-test" for x in lines)
