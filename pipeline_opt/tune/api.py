@@ -32,7 +32,7 @@ from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
-from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers, persistent_keeps_order
+from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
 from pipeline_opt.tune.result import Trial, TuneResult
 from pipeline_opt.tune.search import MIN_GAIN, BaselineFailed, Search
@@ -152,8 +152,8 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     guess = baseline_cfg.with_(num_workers=guess_n)
     search.calibrate(guess, f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})")
     search.tune_workers()
+    _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)  # the large wins first
     _tune_flags(search, loader, dev)
-    _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)
     search.confirm()
     outcome = search.outcome()
     log.info("autotune: %s", outcome.verdict)
@@ -180,13 +180,9 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
     if search.incumbent.num_workers == 0:
         search.skip("persistent_workers, prefetch_factor", "the best configuration has no workers")
         return
-    safe, why = persistent_keeps_order(loader)
-    if search.incumbent.persistent_workers:
-        pass
-    elif safe:
+    if not search.incumbent.persistent_workers:
+        # clone_loader keeps a persistent clone's epoch order equal to the original's
         search.try_change("persistent_workers -> True", persistent_workers=True)
-    else:
-        search.skip("persistent_workers=True", why)
     pf = search.incumbent.prefetch_factor or 2
     if not search.try_change(f"prefetch_factor {pf} -> {2 * pf}", prefetch_factor=2 * pf) and pf > 1:
         search.try_change(f"prefetch_factor {pf} -> {pf // 2}", prefetch_factor=pf // 2)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+from torch.utils.data import DataLoader
 
 from pipeline_opt.loader_clone import loader_config
 
@@ -95,26 +95,3 @@ def worker_neighbours(current: int, cap: int) -> list[int]:
     return out
 
 
-def _sampler_is_deterministic(sampler: Any) -> bool:
-    if isinstance(sampler, SequentialSampler):
-        return True
-    if isinstance(sampler, BatchSampler):
-        return _sampler_is_deterministic(sampler.sampler)
-    inner = getattr(sampler, "sampler", None)  # e.g. ultralytics' _RepeatSampler
-    return inner is not None and inner is not sampler and _sampler_is_deterministic(inner)
-
-
-def persistent_keeps_order(loader: DataLoader) -> tuple[bool, str]:
-    """Whether switching ``persistent_workers`` on keeps the sample order of every epoch.
-
-    torch draws the workers' base seed from the loader's generator (or the global RNG) once per
-    iterator; a persistent iterator is reused, so from the second epoch on a random sampler that
-    shares that RNG draws a different permutation than the non-persistent original would.
-    """
-    if loader.persistent_workers or loader._dataset_kind == 1:
-        return True, ""
-    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-    if _sampler_is_deterministic(sampler):
-        return True, ""
-    return False, ("persistent_workers would change the shuffle order from epoch 2 on (torch draws the "
-                   "workers' seed from the sampler's RNG once per iterator)")

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from torch.utils.data import DataLoader
-from tune_fixtures import Fast
 
 from pipeline_opt.tune.budget import compute_budget
 from pipeline_opt.tune.candidates import (
     LoaderConfig,
     littles_law_workers,
-    persistent_keeps_order,
     worker_neighbours,
 )
 from pipeline_opt.tune.measure import Measurement, TrialFailed
@@ -88,13 +84,6 @@ def test_loader_config_normalises_worker_only_settings():
     assert cfg.with_(num_workers=3).prefetch_factor == 2
     with pytest.raises(ValueError, match="num_workers"):
         LoaderConfig(num_workers=-1)
-
-
-def test_persistent_is_refused_for_a_shuffled_loader():
-    assert persistent_keeps_order(DataLoader(Fast(), batch_size=4))[0]
-    ok, why = persistent_keeps_order(DataLoader(Fast(), batch_size=4, shuffle=True,
-                                                generator=torch.Generator().manual_seed(0)))
-    assert not ok and "shuffle order" in why
 
 
 def test_hill_climb_finds_the_knee_and_never_exceeds_the_budget():
