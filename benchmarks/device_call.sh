@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install the carried wheels, then run the named steps.
+#   benchmarks/device_call.sh cuda-tests classification       (the first call)
+#   benchmarks/device_call.sh yolo transforms overhead        (the second call)
+# Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
+set -u
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PO_COMMIT="${PO_COMMIT:-unknown}"
+export YOLO_OFFLINE=1 YOLO_AUTOINSTALL=0
+BENCH_DIR=/tmp/po_bench
+mkdir -p "$BENCH_DIR"
+benches=()
+for step in "$@"; do
+  case "$step" in
+    cuda-tests) timeout -k 10 "${PO_TEST_LIMIT_S:-150}" python3 -m pytest tests -m cuda -q -rs -p no:cacheprovider \
+                  > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?"; tail -n 25 "$OUT/cuda_tests.log" ;;
+    *) benches+=("$step") ;;
+  esac
+done
+if [ "${#benches[@]}" -gt 0 ]; then
+  OUT="$BENCH_DIR" benchmarks/run_gpu.sh "${benches[@]}"
+fi
+tar czf "$OUT/bench.tgz" -C "$BENCH_DIR" . 2>/dev/null
+cat "$BENCH_DIR/results.md" 2>/dev/null | head -60
