@@ -10,7 +10,8 @@
 
 The loader is not modified: ``prof`` iterates a profiled clone of it (same batches, same order).
 After ``warmup`` (and the prefetched batches) ``steps`` steps are measured; afterwards the loop runs
-on with negligible overhead. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
+on with negligible overhead. The skip of prefetched batches is shortened (never below ``warmup``)
+when the window would not otherwise fit one epoch of the loader. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
 process once the window is complete: it saves the report to ``output_dir`` (default
 ``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises ``SystemExit(0)``
 (``sys.exit(0)``), so an unchanged training script produces a standard report and exits with
@@ -33,6 +34,7 @@ from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.install import (
     describe_loader,
     install_worker_profiling,
+    loop_skip_steps,
     shutdown_iteration,
     skip_steps,
 )
@@ -59,6 +61,8 @@ class LoopProfiler:
                  tensorboard_dir: str | os.PathLike | None = None) -> None:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps={steps!r} must be an integer >= 1")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
         if model is not None:
@@ -71,7 +75,13 @@ class LoopProfiler:
         self.model = model
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.config = describe_loader(loader)
-        self._profiler = StepProfiler(self.device, skip_steps(warmup, self.config), steps,
+        n_batches = _epoch_length(loader)
+        skip = loop_skip_steps(warmup, steps, self.config, n_batches)
+        if skip < skip_steps(warmup, self.config):
+            log.info("the loader has %d batches per epoch: skipping %d steps instead of %d so that the %d measured "
+                     "steps fit one epoch (some of them may take batches pre-filled by the workers)",
+                     n_batches, skip, skip_steps(warmup, self.config), steps)
+        self._profiler = StepProfiler(self.device, skip, steps,
                                       record_shapes=record_shapes, tensorboard_dir=tensorboard_dir)
         self._loader, self._collector = install_worker_profiling(loader, enabled=worker_profiling)
         self._iterator: Any = None
@@ -127,6 +137,10 @@ class LoopProfiler:
         """The report of the measured window (ends the measurement if it is still running)."""
         if self._report is None:
             main = self._profiler.result()
+            if len(main.steps) < self._profiler.steps:
+                log.warning("the loop ended after %d of the %d measured steps (the first %d steps are skipped): "
+                            "the report covers a partial window; run more steps or pass a smaller steps=/warmup=",
+                            len(main.steps), self._profiler.steps, self._profiler.skip)
             records = self._collector.read()
             self._report = build_report(main, records, loader_config=self.config, device=self.device,
                                         model=self.model, limit_throughput=None)
@@ -157,6 +171,14 @@ class LoopProfiler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _epoch_length(loader: Any) -> int | None:
+    """Batches per epoch, or None for a loader without ``len`` (an IterableDataset without one)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def profile_loop(loader: Any, model: torch.nn.Module | None = None, steps: int = 30, warmup: int = 5,

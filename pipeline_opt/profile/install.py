@@ -107,6 +107,20 @@ def skip_steps(warmup: int, config: dict[str, Any]) -> int:
     return max(warmup, prefilled)
 
 
+def loop_skip_steps(warmup: int, steps: int, config: dict[str, Any], n_batches: int | None) -> int:
+    """:func:`skip_steps` for a loop the profiler does not drive (it may run a single epoch).
+
+    When ``skip_steps + steps`` exceeds the ``n_batches`` of one epoch, the pre-filled part of the
+    skip is shortened so that the window still fits the first epoch (each new epoch pre-fills the
+    queue again, so crossing into it gains nothing); it never goes below ``warmup``, the caller's
+    explicit choice. ``n_batches=None`` (a loader without ``len``) keeps :func:`skip_steps`.
+    """
+    skip = skip_steps(warmup, config)
+    if n_batches is None or skip + steps <= n_batches:
+        return skip
+    return max(warmup, n_batches - steps)
+
+
 def describe_loader(loader: Any) -> dict[str, Any]:
     """``loader_config`` plus the start method and the wrapper type (for the report)."""
     inner, _ = unwrap_loader(loader)

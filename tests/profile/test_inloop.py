@@ -7,10 +7,12 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import pipeline_opt as po
+from pipeline_opt.profile.install import loop_skip_steps
 
 
 class Slow(Dataset):
@@ -40,6 +42,63 @@ def test_loop_profiler_measures_the_users_loop_over_epochs():
     (worker,) = report.workers
     assert worker.worker_id == -1 and worker.samples >= 12
     assert report.data_wait_frac > 0 and all(s.data_wait_s >= 0.004 * 4 * 0.9 for s in report.steps)
+
+
+class Tiny(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((3, 8, 8), i % 255, dtype=torch.uint8), i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("n_batches", [7, 8, 12])  # exactly warmup + steps, one more, room for the pre-fill
+def test_one_epoch_loop_measures_all_steps(num_workers, n_batches):
+    """The GPU test's shape: one epoch, 2 workers pre-filling 4 batches, warmup=2, steps=5."""
+    model = torch.nn.Conv2d(3, 2, 3)
+    loader = DataLoader(Tiny(4 * n_batches), batch_size=4, num_workers=num_workers)
+    seen = 0
+    with po.profile_loop(loader, model=model, steps=5, warmup=2) as prof:
+        for images, _ in prof:
+            model(images.float() / 255).mean().backward()
+            seen += 1
+            prof.step()
+        report = prof.report()
+    assert seen == n_batches
+    assert len(report.steps) == 5
+    first = report.steps[0].index
+    assert [s.index for s in report.steps] == list(range(first, first + 5)) and first + 5 <= n_batches
+    assert first == (min(4, n_batches - 5) if num_workers else 2)  # the pre-fill skip, shortened to fit
+
+
+def test_loop_skip_steps_shortens_only_the_prefill_part():
+    config = {"num_workers": 2, "prefetch_factor": 2}
+    assert loop_skip_steps(2, 5, config, None) == 4  # no len(): the full pre-fill skip
+    assert loop_skip_steps(2, 5, config, 20) == 4
+    assert loop_skip_steps(2, 5, config, 8) == 3
+    assert loop_skip_steps(2, 5, config, 7) == 2
+    assert loop_skip_steps(2, 5, config, 3) == 2  # never below warmup, even if the window crosses epochs
+    assert loop_skip_steps(6, 5, config, 8) == 6
+
+
+def test_a_loop_shorter_than_the_window_warns_and_reports_what_it_measured(caplog):
+    prof = po.profile_loop(DataLoader(Tiny(12), batch_size=4), steps=5, warmup=1)  # 3 batches
+    with caplog.at_level("WARNING", logger="pipeline_opt"):
+        for _ in prof:
+            prof.step()
+        report = prof.report()
+    prof.close()
+    assert [s.index for s in report.steps] == [1, 2]
+    assert "ended after 2 of the 5 measured steps" in caplog.text
+
+
+def test_bad_steps_raise():
+    with pytest.raises(ValueError, match="steps=0"):
+        po.profile_loop(DataLoader(Tiny(4)), steps=0)
 
 
 def test_step_is_implied_by_asking_for_the_next_batch():
