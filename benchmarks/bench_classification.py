@@ -243,6 +243,8 @@ def run(args: Any) -> Path:
     rows: list[H.Row] = []
     coarse: dict[str, H.Row] = {}
     points = grid_points(sizes, cores)
+    if getattr(args, "grid_points", None):
+        points = points[: args.grid_points]  # likely-fast first: a short re-run measures the top of the grid
     grid_deadline_s = sizes.budget_s - sizes.autotune_budget_s - sizes.final_reserve_s
     for point in points:
         reason = impossible(point, device)
@@ -380,7 +382,10 @@ def _meets(value: float | None, threshold: float) -> bool | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = H.common_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = H.common_parser(__doc__.splitlines()[0])
+    parser.add_argument("--grid-points", type=int, default=None,
+                        help="measure only the first N grid points (likely-fast first), for a short re-run")
+    args = parser.parse_args(argv)
     H.setup(args)
     path = run(args)
     print(f"wrote {path}")

@@ -2,14 +2,17 @@
 
 The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules):
 
-1. profile the loader as given (the baseline report, and the per-batch worker cost and step time);
+1. profile the loader as given, briefly (the baseline report, the per-batch worker cost and step
+   time); its steady-state steps are the baseline's first measurement;
 2. compute the resource budget (CPU affinity, local ranks, RAM, /dev/shm, batches per epoch);
-3. measure the baseline, then the Little's-law guess interleaved with the baseline (A B A B) to
-   measure the noise; hill-climb num_workers; then pin_memory, persistent_workers, prefetch_factor;
-   then the GPU offload of tensor transforms and JPEG draft decoding (each followed by a new
-   num_workers climb when it wins); finally re-check the winner against the baseline;
+3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
+   wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
+   offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
+   (nvJPEG); hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory,
+   persistent_workers, prefetch_factor; finally re-check the winner against the baseline. Trial
+   windows follow the predicted step time (:mod:`pipeline_opt.tune.timing`);
 4. build the winning loader from the user's loader (same dataset, sampler, collate, generator ...)
-   and profile it (the best report).
+   and profile it briefly (the best report), within the 10% of the budget kept for it.
 
 The model's parameters, buffers, gradients, modes and the RNG states are restored bitwise.
 """
@@ -30,9 +33,12 @@ from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard, default_step, resolve_device
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
+from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers
+from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
+from pipeline_opt.tune.measure import Measurement
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
 from pipeline_opt.tune.result import Trial, TuneResult
 from pipeline_opt.tune.search import MIN_GAIN, BaselineFailed, Search
@@ -40,8 +46,8 @@ from pipeline_opt.tune.trial import TrialRunner
 
 log = get_logger("tune")
 
-PROFILE_STEPS = 10
-PROFILE_WARMUP = 3
+PROFILE_STEPS = 8  # enough for batch_cpu_s and the step time; the trials measure the rest
+PROFILE_WARMUP = 2
 MIN_TRIAL_TIMEOUT_S = 10.0
 
 Profiler = Callable[..., ProfileReport]
@@ -72,7 +78,8 @@ def autotune(
         device: where the model runs (default: the model's device).
         time_budget_s: wall-clock budget for the whole call (a trial in flight may overrun it by
             its last window plus worker shutdown).
-        gpu_transforms: try moving tensor transforms (normalize / resize / dtype) to the device.
+        gpu_transforms: try moving tensor transforms (normalize / resize / dtype) to the device, and
+            (on CUDA, for ImageFolder-like JPEG datasets) decoding the JPEGs there with nvJPEG.
         draft_decode: try JPEG draft decoding for ImageFolder-like JPEG datasets with a Resize.
         max_workers: an upper bound on num_workers on top of the measured resource budget.
         progress: log one line per trial (and draw a bar on a terminal).
@@ -134,33 +141,49 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         else (None, "disabled (gpu_transforms=False)") if not gpu_transforms else plan_gpu_offload(loader.dataset)
     draft_plan, draft_why = (None, "disabled (draft_decode=False)") if not draft_decode \
         else plan_draft_decode(loader.dataset)
+    nvjpeg_plan, nvjpeg_why = (None, f"device is {dev.type}: nvJPEG decodes on CUDA devices only") \
+        if dev.type != "cuda" else (None, "disabled (gpu_transforms=False)") if not gpu_transforms \
+        else plan_nvjpeg_decode(loader)
     batch_wall = probe.wall_s if probe is not None else baseline_report.batch_cpu_s
-    builder = CandidateBuilder(loader, dev, gpu=gpu_plan, draft=draft_plan,
+    builder = CandidateBuilder(loader, dev, gpu=gpu_plan, draft=draft_plan, nvjpeg=nvjpeg_plan,
                                trial_timeout_s=max(MIN_TRIAL_TIMEOUT_S, 10.0 * batch_wall))
     runner = TrialRunner(builder, model, step, dev, initial_step_s=max(baseline_report.step_time_s, 1e-4),
-                         window_s=min(2.0, max(0.3, budget_s / 40.0)), seed=seed)
-    reserve = min(0.3 * budget_s, profile_s)  # for profiling the winner at the end
+                         window_s=timing.window_seconds(budget_s), seed=seed,
+                         compute_s=_compute_s(baseline_report), usable_cpus=budget.usable_cpus)
+    reserve = timing.final_reserve_s(budget_s, profile_s)  # for profiling the winner at the end
     search = Search(runner, budget, deadline=deadline - reserve, min_gain=min_gain,
                     on_trial=_trial_logger(bar, progress))
+    from_profile = _profile_measurement(baseline_report, baseline_cfg, profile_s)
+    if from_profile is not None:
+        runner.remember(baseline_cfg, from_profile)
     try:
-        search.start(baseline_cfg)
+        search.start(baseline_cfg, from_profile)
     except BaselineFailed as exc:
         raise _annotated(exc.__cause__ or exc, "autotune: the baseline trial (the loader as given) failed") from exc
 
     measured = search.history[baseline_cfg][0].compute_s
     guess_n = _first_guess(baseline_report, probe, budget, measured)
-    guess = baseline_cfg.with_(num_workers=guess_n)
-    search.calibrate(guess, f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})")
+    guess, levers = _combined_guess(baseline_cfg.with_(num_workers=guess_n), baseline_report, probe, budget,
+                                    measured, gpu_plan, draft_plan)
+    why = f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})"
+    if levers:
+        why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
+    search.calibrate(guess, why)
+    _tune_gpu_decode(search, nvjpeg_plan, nvjpeg_why)  # the largest win on a decode-bound pipeline
     search.tune_workers()
-    _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)  # the large wins first
+    _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)
     _tune_flags(search, loader, dev)
     search.confirm()
     outcome = search.outcome()
     log.info("autotune: %s", outcome.verdict)
 
     final = builder.build(outcome.best, trial=False)
-    best_report = baseline_report if outcome.best == outcome.baseline else \
-        _profile(profiler, final, model, step_fn, dev, f"profiling the tuned loader ({outcome.best.label()})")
+    if outcome.best == outcome.baseline:
+        best_report = baseline_report
+    else:
+        steps = timing.profile_steps(deadline - time.monotonic(), runner.predict_step_s(outcome.best, 0.0))
+        best_report = _profile(profiler, final, model, step_fn, dev,
+                               f"profiling the tuned loader ({outcome.best.label()})", steps=steps)
     speedup = 1.0 if outcome.best == outcome.baseline else \
         outcome.best_throughput / max(outcome.baseline_throughput, 1e-12)
     return TuneResult(
@@ -169,6 +192,51 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=outcome.verdict,
         budget=budget.to_dict(),
     )
+
+
+def _compute_s(report: ProfileReport) -> float:
+    return report.compute_time_s or max(report.step_time_s * (1.0 - report.data_wait_frac), 0.0)
+
+
+def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: float) -> Measurement | None:
+    """The baseline profile's steady-state steps as trial windows (one batch per worker at least), or None."""
+    steps = [timing.StepSample(s.step_s, s.samples) for s in report.steps if s.step_s > 0 and s.samples > 0]
+    per_window = max(2, cfg.num_workers)
+    if len(steps) < per_window:
+        return None
+    windows = timing.windows_from_steps(steps, per_window)
+    if not windows:
+        return None
+    return Measurement(windows=windows, steps_per_window=per_window,
+                       batch_size=report.batch_size or steps[0].samples, startup_s=0.0, elapsed_s=elapsed_s,
+                       compute_s=_compute_s(report))
+
+
+def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,
+                    gpu_plan, draft_plan) -> tuple[LoaderConfig, list[str]]:
+    """The first guess, with the dataset changes when the workers Little's law wants do not fit the budget."""
+    batch_s, step_s = _guess_inputs(report, probe, measured)
+    capped = littles_law_workers(batch_s, step_s) > budget.max_workers
+    data_bound = report.bottleneck == "data" or report.data_wait_frac > 0.5
+    if not (capped and data_bound):
+        return guess, []
+    levers = []
+    if gpu_plan is not None:
+        guess, levers = guess.with_(gpu_transforms=gpu_plan.names), [f"{'+'.join(gpu_plan.names)} on the device"]
+    if draft_plan is not None:
+        guess, levers = guess.with_(decode="draft"), [*levers, "JPEG draft decoding"]
+    return guess, levers
+
+
+def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
+    if plan is None:
+        search.skip("nvjpeg decode", why_not)
+        return
+    inc = search.incumbent
+    workers = min(inc.num_workers, NVJPEG_WORKERS) if inc.num_workers else min(NVJPEG_WORKERS, search.budget.max_workers)
+    if search.try_change("JPEG decoding on the GPU (nvJPEG)", decode="nvjpeg", gpu_transforms=(),
+                         num_workers=workers):
+        search.tune_workers("num_workers after GPU decoding")
 
 
 def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
@@ -189,13 +257,18 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
 
 
 def _tune_dataset_changes(search: Search, gpu_plan, gpu_why: str, draft_plan, draft_why: str) -> None:
+    """The offload and draft decoding not already in the incumbent (GPU decoding replaces both)."""
+    if search.incumbent.decode == "nvjpeg":
+        search.skip("gpu_transforms, draft_decode", "the GPU decodes, resizes and normalises already (nvjpeg)")
+        return
     if gpu_plan is None:
         search.skip("gpu_transforms", gpu_why)
-    elif search.try_change(f"move {'+'.join(gpu_plan.names)} to the device", gpu_transforms=gpu_plan.names):
+    elif not search.incumbent.gpu_transforms and \
+            search.try_change(f"move {'+'.join(gpu_plan.names)} to the device", gpu_transforms=gpu_plan.names):
         search.tune_workers("num_workers after the offload")
     if draft_plan is None:
         search.skip("draft_decode", draft_why)
-    elif search.try_change("JPEG draft decoding", draft_decode=True):
+    elif search.incumbent.decode == "pil" and search.try_change("JPEG draft decoding", decode="draft"):
         search.tune_workers("num_workers after draft decoding")
 
 
@@ -224,7 +297,7 @@ def _trial_logger(bar, progress: bool) -> Callable[[Trial], None]:
 
     def on_trial(trial: Trial) -> None:
         count[0] += 1
-        cfg = LoaderConfig(**{**trial.config, "gpu_transforms": tuple(trial.config["gpu_transforms"])})
+        cfg = LoaderConfig.from_dict(trial.config)
         what = f"{trial.throughput:,.1f} samples/s ±{trial.spread:.0%}" if trial.status == "ok" else trial.status
         line = f"trial {count[0]}: {cfg.label()}: {what}, {'accepted' if trial.accepted else 'not kept'} - {trial.reason}"
         (log.info if progress else log.debug)("%s", line)
@@ -234,7 +307,8 @@ def _trial_logger(bar, progress: bool) -> Callable[[Trial], None]:
     return on_trial
 
 
-def _profile(profiler: Profiler, loader: Any, model, step_fn, dev, what: str) -> ProfileReport:
+def _profile(profiler: Profiler, loader: Any, model, step_fn, dev, what: str,
+             steps: int = PROFILE_STEPS) -> ProfileReport:
     extra = {}
     try:
         if "limit" in inspect.signature(profiler).parameters:
@@ -242,7 +316,7 @@ def _profile(profiler: Profiler, loader: Any, model, step_fn, dev, what: str) ->
     except (TypeError, ValueError):
         pass
     try:
-        return profiler(loader, model, step_fn=step_fn, steps=PROFILE_STEPS, warmup=PROFILE_WARMUP, device=dev,
+        return profiler(loader, model, step_fn=step_fn, steps=steps, warmup=PROFILE_WARMUP, device=dev,
                         **extra)
     except Exception as exc:
         raise _annotated(exc, f"autotune: {what} failed") from exc

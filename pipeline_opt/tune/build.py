@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune.candidates import LoaderConfig
+from pipeline_opt.tune.gpu_decode import NvjpegDecode
 from pipeline_opt.tune.offload import DraftDecode, GpuOffload, variant_dataset
 
 
@@ -25,6 +26,7 @@ class CandidateBuilder:
     device: torch.device
     gpu: GpuOffload | None = None
     draft: DraftDecode | None = None
+    nvjpeg: NvjpegDecode | None = None
     trial_timeout_s: float = 0.0
 
     def build(self, cfg: LoaderConfig, *, trial: bool = True) -> Any:
@@ -33,14 +35,20 @@ class CandidateBuilder:
             raise ValueError(f"{cfg.label()} asks for GPU transforms but no offload plan exists")
         if cfg.draft_decode and self.draft is None:
             raise ValueError(f"{cfg.label()} asks for draft decoding but no draft plan exists")
+        if cfg.decode == "nvjpeg" and self.nvjpeg is None:
+            raise ValueError(f"{cfg.label()} asks for GPU JPEG decoding but no nvJPEG plan exists")
+        if cfg.decode == "nvjpeg" and cfg.gpu_transforms:
+            raise ValueError(f"{cfg.label()}: GPU JPEG decoding replaces the whole transform; drop gpu_transforms")
         gpu = self.gpu if cfg.gpu_transforms else None
         draft = self.draft if cfg.draft_decode else None
         overrides = cfg.loader_overrides()
-        if gpu is not None or draft is not None:
-            overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         if trial and cfg.num_workers > 0 and self.trial_timeout_s > 0:
             user = float(self.loader.timeout or 0)
             overrides["timeout"] = self.trial_timeout_s if user <= 0 else min(user, self.trial_timeout_s)
+        if cfg.decode == "nvjpeg":
+            return self.nvjpeg.build(self.loader, self.device, overrides)
+        if gpu is not None or draft is not None:
+            overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         clone = clone_loader(self.loader, **overrides)
         if gpu is None:
             return clone

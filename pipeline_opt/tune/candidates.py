@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 
 from pipeline_opt.loader_clone import loader_config
 
+DECODES = ("pil", "draft", "nvjpeg")
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -20,16 +22,34 @@ class LoaderConfig:
     persistent_workers: bool = False
     prefetch_factor: int | None = None
     gpu_transforms: tuple[str, ...] = ()  # names of the transforms moved to the device loader
-    draft_decode: bool = False
+    decode: str = "pil"  # pil (the dataset's own loader) | draft (JPEG DCT scaling) | nvjpeg (on the GPU)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"num_workers={self.num_workers!r} must be an integer >= 0")
+        if self.decode not in DECODES:
+            raise ValueError(f"decode={self.decode!r} must be one of {DECODES}")
         if self.num_workers == 0:  # settings that only exist with workers
             object.__setattr__(self, "persistent_workers", False)
             object.__setattr__(self, "prefetch_factor", None)
         elif self.prefetch_factor is None:
             object.__setattr__(self, "prefetch_factor", 2)
+
+    @property
+    def draft_decode(self) -> bool:
+        return self.decode == "draft"
+
+    def variant(self) -> tuple[tuple[str, ...], str]:
+        """What the candidate changes in the dataset (configurations of one variant differ in loader flags only)."""
+        return self.gpu_transforms, self.decode
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> LoaderConfig:
+        """The inverse of :meth:`to_dict`."""
+        return cls(num_workers=config["num_workers"], pin_memory=config["pin_memory"],
+                   persistent_workers=config["persistent_workers"], prefetch_factor=config["prefetch_factor"],
+                   gpu_transforms=tuple(config.get("gpu_transforms") or ()),
+                   decode=config.get("decode") or ("draft" if config.get("draft_decode") else "pil"))
 
     @classmethod
     def of(cls, loader: DataLoader) -> LoaderConfig:
@@ -53,7 +73,8 @@ class LoaderConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
                 "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor,
-                "gpu_transforms": list(self.gpu_transforms), "draft_decode": self.draft_decode}
+                "gpu_transforms": list(self.gpu_transforms), "decode": self.decode,
+                "draft_decode": self.draft_decode}
 
     def label(self) -> str:
         parts = [f"workers={self.num_workers}"]
@@ -65,8 +86,8 @@ class LoaderConfig:
             parts.append("pinned")
         if self.gpu_transforms:
             parts.append("gpu:" + "+".join(self.gpu_transforms))
-        if self.draft_decode:
-            parts.append("draft")
+        if self.decode != "pil":
+            parts.append(self.decode)
         return " ".join(parts)
 
 

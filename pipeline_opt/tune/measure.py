@@ -1,7 +1,7 @@
 """Steady-state, end-to-end throughput of one candidate loader feeding the user's training step.
 
-A trial starts the loader's workers, discards the first ``max(warmup, num_workers *
-prefetch_factor)`` batches (start-up and the queue pre-filled while the workers started), then
+A trial starts the loader's workers, discards the first ``max(warmup, num_workers)`` batches (the
+start-up, and the burst of one batch per worker that was ready when the first one arrived), then
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
 training run does. Every trial ends with its worker processes shut down; a worker that died or
@@ -205,7 +205,7 @@ def measure_throughput(
         _seed_everything(seed)
     inner = _dataloaders_under(loader)[-1]
     workers = int(getattr(inner, "num_workers", 0) or 0)
-    skip = max(warmup, workers * int(getattr(inner, "prefetch_factor", 0) or 0))
+    skip = max(warmup, workers)  # each worker's first batch was decoded during the start-up
     before = live_children()
     stream = BatchStream(loader)
     t_start = time.perf_counter()

@@ -16,6 +16,9 @@ injected numbers. The rules:
   worker died, hung) is recorded and rolled back; the search continues.
 * Before returning, the winner and the baseline are measured once more; unless the winner's pooled
   median still beats the baseline's beyond the (updated) noise, the baseline is returned.
+* A *clear* win (a gain over the baseline above ``max(CLEAR_GAIN, 5 x threshold)``, e.g. 8x for a
+  data-bound loader) skips the A B A B repeats and the final re-check: no plausible noise flips
+  it, and on a slow baseline those repeats would cost a large share of the budget.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pipeline_opt.tune.result import Trial
 log = get_logger("tune.search")
 
 MIN_GAIN = 0.03
+CLEAR_GAIN = 0.5  # a gain of +50% or more (and 5x the threshold) is decided without repeats
 
 
 class Evaluator(Protocol):
@@ -54,6 +58,13 @@ def accept(candidate: float, incumbent: float, noise: float, min_gain: float = M
     if gain > threshold:
         return True, f"{gain:+.1%} beats the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
     return False, f"{gain:+.1%} is within the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
+
+
+def clear_win(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN) -> bool:
+    """Whether ``candidate`` beats ``incumbent`` by so much that repeating either cannot change the verdict."""
+    if incumbent <= 0 or candidate <= 0:
+        return False
+    return candidate / incumbent - 1.0 > max(CLEAR_GAIN, 5.0 * max(noise, min_gain))
 
 
 def repeat_noise(medians: list[float]) -> float:
@@ -183,14 +194,21 @@ class Search:
 
     # ------------------------------------------------------------------ moves
 
-    def start(self, baseline: LoaderConfig) -> None:
-        """Measure the loader as given; it is the first incumbent."""
+    def start(self, baseline: LoaderConfig, measured: Measurement | None = None) -> None:
+        """Measure the loader as given; it is the first incumbent.
+
+        ``measured`` (e.g. windows of the baseline's profile) is used instead of a new trial.
+        """
         self.baseline = self.incumbent = baseline
-        m = self._run(baseline, "baseline", force=True)
+        if measured is not None and measured.windows:
+            self.history.setdefault(baseline, []).append(measured)
+            m, why = measured, "baseline: the loader as given (windows of its profile)"
+        else:
+            m, why = self._run(baseline, "baseline", force=True), "baseline: the loader as given"
         if m is None:
             raise BaselineFailed(f"the baseline trial ({baseline.label()}) measured no window")
         self._update_noise()
-        self._record(baseline, m, True, "baseline: the loader as given")
+        self._record(baseline, m, True, why)
 
     def consider(self, cfg: LoaderConfig, why: str) -> bool:
         """Measure ``cfg`` unless already seen or over budget; make it the incumbent if it wins."""
@@ -227,6 +245,10 @@ class Search:
             return
         self.consider(guess, why)
         if guess not in self.history:
+            return
+        if clear_win(self.median(guess), self.median(base), self.noise, self.min_gain):
+            self.skip("A B A B repeats of the baseline and the first guess",
+                      f"{self.median(guess) / max(self.median(base), 1e-12):.2f}x the baseline is far beyond any noise")
             return
         if not (self._repeat(base, "repeat of the baseline (A B A B noise estimate)")
                 and self._repeat(guess, f"repeat of {guess.label()} (A B A B noise estimate)")):
@@ -267,6 +289,11 @@ class Search:
             return
         if self.out_of_time or self.remaining_s() <= 0:
             self.not_tried.append("final confirmation against the baseline: the time budget ran out")
+            return
+        if clear_win(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain):
+            self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
+                      f"{self.median(self.incumbent) / max(self.median(self.baseline), 1e-12):.2f}x the baseline, "
+                      "far beyond any noise")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):

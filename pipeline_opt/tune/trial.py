@@ -10,19 +10,21 @@ from typing import Any
 
 import torch
 
+from pipeline_opt.tune import timing
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig
 from pipeline_opt.tune.measure import Measurement, measure_throughput
-
-DEFAULT_STARTUP_S = 0.5  # assumed cost of starting a trial's workers before any was measured
 
 
 @dataclass
 class TrialRunner:
     """Implements :class:`pipeline_opt.tune.search.Evaluator` on real loaders.
 
-    Each trial runs ``windows`` windows of about ``window_s`` seconds (at least ``min_steps``
-    steps), after discarding ``max(warmup, num_workers * prefetch_factor)`` batches.
+    Each trial discards ``max(warmup, num_workers)`` batches, then runs ``windows`` windows of about
+    ``window_s`` seconds (at least ``min_steps`` steps and one step per worker), sized from the
+    candidate's *predicted* step time (:mod:`pipeline_opt.tune.timing`): Little's law applied to the
+    measured configuration closest to the candidate, so a slow baseline does not make every trial
+    long and a worker increase is not priced at the baseline's speed.
     """
 
     builder: CandidateBuilder
@@ -33,39 +35,46 @@ class TrialRunner:
     windows: int = 3
     window_s: float = 1.0
     warmup: int = 2
-    min_steps: int = 6
+    min_steps: int = 2
     max_steps: int = 200
     seed: int | None = None
-    startup_s: dict[int, float] = field(default_factory=dict)  # measured start-up by worker count
+    compute_s: float = 0.0  # the step's own seconds (the floor of every prediction)
+    usable_cpus: float = 1.0
+    measured: dict[LoaderConfig, float] = field(default_factory=dict)  # median step seconds by config
 
-    def steps_for(self, step_s: float) -> int:
-        step_s = step_s if step_s > 0 and math.isfinite(step_s) else self.initial_step_s
-        if step_s <= 0:
-            return self.min_steps
-        return int(min(self.max_steps, max(self.min_steps, round(self.window_s / step_s))))
+    def remember(self, cfg: LoaderConfig, m: Measurement) -> None:
+        """Record a measurement made elsewhere (the baseline's profile) for later predictions."""
+        if m.median > 0:
+            self.measured[cfg] = m.step_s
+
+    def predict_step_s(self, cfg: LoaderConfig, step_s: float) -> float:
+        """The step time ``cfg`` should reach, from the closest measured configuration."""
+        same = [c for c in self.measured if c.variant() == cfg.variant()]
+        refs = same or list(self.measured)
+        if not refs:
+            s = step_s if step_s > 0 and math.isfinite(step_s) else self.initial_step_s
+            return max(s, 1e-6)
+        ref = min(refs, key=lambda c: abs(c.num_workers - cfg.num_workers))
+        batch_s = timing.batch_seconds(self.measured[ref], ref.num_workers, self.compute_s, self.usable_cpus)
+        return max(1e-6, timing.predict_step_s(batch_s, cfg.num_workers, self.compute_s, self.usable_cpus))
+
+    def steps_for(self, cfg: LoaderConfig, step_s: float) -> int:
+        return timing.steps_per_window(self.predict_step_s(cfg, step_s), cfg.num_workers, window_s=self.window_s,
+                                       min_steps=self.min_steps, max_steps=self.max_steps)
 
     def measure(self, cfg: LoaderConfig, deadline: float, step_s: float) -> Measurement:
         with warnings.catch_warnings():  # the measured budget, not torch's core-count rule, bounds the workers
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             loader = self.builder.build(cfg, trial=True)
         m = measure_throughput(loader, self.model, self.step_fn, self.device, windows=self.windows,
-                               steps=self.steps_for(step_s), warmup=self.warmup, deadline=deadline,
+                               steps=self.steps_for(cfg, step_s), warmup=self.warmup, deadline=deadline,
                                seed=self.seed)
-        self.startup_s[cfg.num_workers] = m.startup_s
+        self.remember(cfg, m)
         return m
 
-    def _startup_estimate(self, workers: int) -> float:
-        if workers in self.startup_s:
-            return self.startup_s[workers]
-        known = [(w, s) for w, s in self.startup_s.items() if w > 0]
-        if not known:
-            return DEFAULT_STARTUP_S if workers else 0.0
-        per_worker = max(s / w for w, s in known)
-        return per_worker * workers
-
     def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float:
-        """Seconds a trial of ``cfg`` should take, from the incumbent's step time."""
-        step_s = step_s if step_s > 0 and math.isfinite(step_s) else self.initial_step_s
-        skip = max(self.warmup, cfg.num_workers * (cfg.prefetch_factor or 0))
-        steps = skip + self.windows * self.steps_for(step_s)
-        return self._startup_estimate(cfg.num_workers) + 1.2 * steps * step_s
+        """Seconds a trial of ``cfg`` should take (:func:`pipeline_opt.tune.timing.trial_seconds`)."""
+        pred = self.predict_step_s(cfg, step_s)
+        first = pred * timing.effective_workers(cfg.num_workers, self.usable_cpus)
+        return timing.trial_seconds(pred, cfg.num_workers, windows=self.windows, steps=self.steps_for(cfg, step_s),
+                                    warmup=self.warmup, first_batch_s=first)

@@ -140,10 +140,10 @@ def test_noise_from_interleaved_repeats_blocks_a_small_gain():
 def test_final_check_rolls_back_a_winner_that_no_longer_wins():
     state = {"n": 0}
 
-    def rate(cfg):  # workers=4 wins once, then turns out slower than the baseline
+    def rate(cfg):  # workers=4 wins once (by less than a clear win), then turns out slower than the baseline
         if cfg.num_workers == 4:
             state["n"] += 1
-            return 200.0 if state["n"] == 1 else 60.0
+            return 140.0 if state["n"] == 1 else 60.0
         return 100.0
 
     s, _ = _search(rate)
@@ -175,3 +175,14 @@ def test_the_baseline_is_measured_even_past_the_deadline():
     s, ev = _search(_io_bound, deadline=-5.0)
     s.start(LoaderConfig(0))
     assert ev.calls == [LoaderConfig(0)]
+
+
+def test_a_clear_win_skips_the_repeats_and_a_profiled_baseline_is_not_measured_again():
+    s, ev = _search(lambda cfg: 800.0 if cfg.num_workers == 8 else 100.0)
+    profiled = Measurement(windows=(99.0, 101.0), steps_per_window=4, batch_size=8, startup_s=0.0, elapsed_s=5.0)
+    s.start(LoaderConfig(2), profiled)
+    s.calibrate(LoaderConfig(8), "guess")
+    s.confirm()
+    assert ev.calls == [LoaderConfig(8)]  # neither the baseline nor the winner measured twice
+    assert s.outcome().best == LoaderConfig(8)
+    assert any("A B A B" in x and "beyond any noise" in x for x in s.not_tried)

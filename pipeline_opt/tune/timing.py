@@ -1,0 +1,118 @@
+"""The tuner's time arithmetic: how long a trial's windows are, what a trial should cost, how much
+of the budget the profiles get. Pure functions of measured numbers (unit-tested without loaders).
+
+A trial's cost is dominated by slow steps when the loader is data-bound (a 0.6 s step turns a
+6-step window into 3.6 s), so window lengths follow the measured step time, not a step count:
+
+* a window lasts about ``window_s`` seconds, but at least ``min_steps`` steps and at least one
+  batch per worker: workers that started together deliver their batches in bursts of
+  ``num_workers``, and a window shorter than one burst measures the burst, not the rate;
+* a trial discards ``max(warmup, num_workers)`` batches first: the burst that was ready when the
+  first batch arrived (each worker decoded its first batch during the start-up);
+* the model of a candidate's step time is Little's law: ``max(compute_s, batch_s / effective
+  workers)``, where ``batch_s`` is one worker's seconds per batch inferred from a measured
+  configuration of the same dataset variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SPAWN_S = 0.3  # fixed cost of starting a worker pool (fork + first imports)
+SPAWN_PER_WORKER_S = 0.05
+SHUTDOWN_PER_WORKER_S = 0.02
+ESTIMATE_MARGIN = 1.15
+
+
+def window_seconds(budget_s: float) -> float:
+    """Target length of one measurement window for a tuning budget of ``budget_s`` seconds.
+
+    About 1/60 of the budget, between 0.25 s and 1.5 s: with 3 windows per trial a 60 s budget
+    leaves room for the ~12 trials a search typically needs, a 6 s budget still measures a few.
+    """
+    if not budget_s > 0:
+        raise ValueError(f"budget_s={budget_s!r} must be > 0")
+    return min(1.5, max(0.25, budget_s / 60.0))
+
+
+def skip_batches(warmup: int, num_workers: int) -> int:
+    """Batches a trial discards before its first window (see the module docstring)."""
+    return max(int(warmup), int(num_workers))
+
+
+def steps_per_window(step_s: float, num_workers: int, *, window_s: float, min_steps: int = 2,
+                     max_steps: int = 200) -> int:
+    """Steps in one window: ``window_s / step_s``, at least ``min_steps`` and one per worker."""
+    if min_steps < 1 or max_steps < min_steps:
+        raise ValueError(f"min_steps={min_steps}, max_steps={max_steps}: need 1 <= min_steps <= max_steps")
+    floor = max(min_steps, int(num_workers))
+    if not (step_s > 0 and math.isfinite(step_s)):
+        return min(max_steps, floor)
+    return int(min(max_steps, max(floor, round(window_s / step_s))))
+
+
+def effective_workers(num_workers: int, usable_cpus: float) -> float:
+    """Workers that can run at once: no more than the usable cores (1 for the main process)."""
+    return 1.0 if num_workers <= 0 else float(min(num_workers, max(1.0, usable_cpus)))
+
+
+def batch_seconds(step_s: float, num_workers: int, compute_s: float, usable_cpus: float) -> float:
+    """One worker's seconds per batch implied by a measured ``step_s`` (an upper bound when compute-bound)."""
+    if num_workers <= 0:
+        return max(step_s - compute_s, 0.0)
+    return step_s * effective_workers(num_workers, usable_cpus)
+
+
+def predict_step_s(batch_s: float, num_workers: int, compute_s: float, usable_cpus: float) -> float:
+    """Little's law: a step waits for the data unless ``num_workers`` deliver faster than the step consumes."""
+    if num_workers <= 0:
+        return compute_s + batch_s
+    return max(compute_s, batch_s / effective_workers(num_workers, usable_cpus))
+
+
+def trial_seconds(step_s: float, num_workers: int, *, windows: int, steps: int, warmup: int,
+                  first_batch_s: float) -> float:
+    """Estimated wall seconds of one trial: worker start-up and the first batch, the discarded
+    burst, ``windows * steps`` measured steps, shutdown; with a safety margin."""
+    startup = (SPAWN_S + SPAWN_PER_WORKER_S * num_workers) if num_workers else 0.0
+    burst = max(0, warmup - num_workers) if num_workers else warmup  # the rest of the burst is already there
+    measured = windows * steps + burst
+    shutdown = SHUTDOWN_PER_WORKER_S * num_workers
+    return ESTIMATE_MARGIN * (startup + first_batch_s + measured * step_s + shutdown)
+
+
+def profile_steps(remaining_s: float, step_s: float, *, steps: int = 8, min_steps: int = 2) -> int:
+    """Steps a final profile can afford in ``remaining_s`` (at most ``steps``, at least ``min_steps``)."""
+    if not (step_s > 0 and math.isfinite(step_s)):
+        return steps
+    fit = int(remaining_s / (3.0 * step_s))  # the profiler's own warm-up and start-up cost about as much again
+    return max(min_steps, min(steps, fit))
+
+
+def final_reserve_s(budget_s: float, baseline_profile_s: float) -> float:
+    """Seconds kept for profiling the winner: 10% of the budget, never more than the baseline's profile took."""
+    return max(0.0, min(0.1 * budget_s, baseline_profile_s))
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One profiled step: its wall seconds and samples (what :class:`ProfileReport.steps` holds)."""
+
+    step_s: float
+    samples: int
+
+
+def windows_from_steps(steps: Sequence[StepSample], per_window: int) -> tuple[float, ...]:
+    """Samples/s of consecutive groups of ``per_window`` profiled steps (a short last group is merged)."""
+    per_window = max(1, int(per_window))
+    groups = [list(steps[i:i + per_window]) for i in range(0, len(steps), per_window)]
+    if len(groups) > 1 and len(groups[-1]) < per_window:
+        groups[-2].extend(groups.pop())
+    out = []
+    for group in groups:
+        wall = sum(s.step_s for s in group)
+        if wall > 0:
+            out.append(sum(s.samples for s in group) / wall)
+    return tuple(out)

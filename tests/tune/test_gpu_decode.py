@@ -1,0 +1,96 @@
+"""The nvJPEG candidate: when a plan exists, why not otherwise, and that its loader decodes like PIL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch.utils.data import DataLoader
+from torchvision import transforms as T
+from tune_fixtures import Fast, tiny_model
+
+import pipeline_opt as po
+from pipeline_opt.datasets import make_image_folder
+from pipeline_opt.tune.build import CandidateBuilder
+from pipeline_opt.tune.candidates import LoaderConfig
+from pipeline_opt.tune.gpu_decode import plan_nvjpeg_decode
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_image_folder(n_images=12, size=(96, 72), num_classes=2, root=tmp_path_factory.mktemp("jpegs"))
+
+
+def _loader(folder, transform, **kw):
+    return DataLoader(torchvision.datasets.ImageFolder(folder, transform=transform), batch_size=4, **kw)
+
+
+def test_plan_reproduces_the_pil_pipeline_in_the_same_order(folder):
+    compose = T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)])
+    gen = torch.Generator().manual_seed(3)
+    loader = _loader(folder, compose, shuffle=True, generator=gen)
+    plan, why = plan_nvjpeg_decode(loader)
+    assert plan is not None and why == "" and plan.size == (32, 40) and plan.mean == MEAN
+    cfg = LoaderConfig(1, decode="nvjpeg")
+    built = CandidateBuilder(loader, torch.device("cpu"), nvjpeg=plan).build(cfg, trial=False)
+    assert isinstance(built.loader, DataLoader) and built.loader.num_workers == 1
+    reference = _loader(folder, compose, shuffle=True, generator=torch.Generator().manual_seed(3))
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    n = 0
+    for (got, labels), (want, want_labels) in zip(built, reference, strict=True):
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert torch.equal(labels, want_labels)
+        assert ((got - want) * std).abs().mean() < 2 / 255  # in /255 pixel units before normalising
+        n += len(labels)
+    assert n == 12
+
+
+def test_plan_with_shorter_side_and_center_crop(folder):
+    loader = _loader(folder, T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()]))
+    plan, _ = plan_nvjpeg_decode(loader)
+    assert plan is not None and plan.size == 36 and plan.crop == (32, 32) and plan.mean is None
+    images, _ = next(iter(CandidateBuilder(loader, torch.device("cpu"), nvjpeg=plan).build(
+        LoaderConfig(0, decode="nvjpeg"))))
+    want, _ = next(iter(loader))
+    assert images.shape == (4, 3, 32, 32) and (images - want).abs().mean() < 2 / 255
+
+
+@pytest.mark.parametrize("transform, words", [
+    (T.Compose([T.RandomResizedCrop(32), T.ToTensor()]), "not a Resize"),
+    (T.Compose([T.Resize(32), T.ToTensor()]), "differ in size"),
+    (T.Compose([T.Resize((32, 32), interpolation=T.InterpolationMode.NEAREST), T.ToTensor()]), "interpolation"),
+    (T.Compose([T.Resize((32, 32)), T.ToTensor(), T.RandomHorizontalFlip()]), "RandomHorizontalFlip"),
+    (T.Compose([T.Resize((32, 32)), T.PILToTensor()]), "ToTensor"),
+])
+def test_transforms_the_decoder_cannot_reproduce_are_refused(folder, transform, words):
+    plan, why = plan_nvjpeg_decode(_loader(folder, transform))
+    assert plan is None and words in why, why
+
+
+def test_datasets_and_loaders_it_cannot_rebuild_are_refused(folder):
+    compose = T.Compose([T.Resize((32, 32)), T.ToTensor()])
+    assert "ImageFolder-like" in plan_nvjpeg_decode(DataLoader(Fast(), batch_size=4))[1]
+    ds = torchvision.datasets.ImageFolder(folder, transform=compose, target_transform=int)
+    assert "target_transform" in plan_nvjpeg_decode(DataLoader(ds, batch_size=4))[1]
+    ds = torchvision.datasets.ImageFolder(folder, transform=compose)
+    assert "collate_fn" in plan_nvjpeg_decode(DataLoader(ds, batch_size=4, collate_fn=list))[1]
+
+
+def test_on_cpu_autotune_skips_it_with_a_reason(folder):
+    loader = _loader(folder, T.Compose([T.Resize((32, 32)), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    result = po.autotune(loader, tiny_model(), time_budget_s=3, progress=False)
+    assert any(x.startswith("nvjpeg decode") and "CUDA" in x for x in result.not_tried), result.not_tried
+    assert result.config["decode"] in ("pil", "draft")
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_candidate_decodes_on_the_device(folder):
+    compose = T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = _loader(folder, compose)
+    plan, _ = plan_nvjpeg_decode(loader)
+    dev = torch.device("cuda")
+    images, labels = next(iter(CandidateBuilder(loader, dev, nvjpeg=plan).build(LoaderConfig(2, decode="nvjpeg"))))
+    want, _ = next(iter(loader))
+    assert images.is_cuda and ((images.cpu() - want) * torch.tensor(STD).view(1, 3, 1, 1)).abs().mean() < 4 / 255

@@ -1,0 +1,86 @@
+"""The tuner's time arithmetic on injected numbers: windows follow the step time, trials stay short."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline_opt.tune import timing
+from pipeline_opt.tune.candidates import LoaderConfig
+from pipeline_opt.tune.search import clear_win
+
+
+def test_window_length_follows_the_budget_within_bounds():
+    assert timing.window_seconds(84) == pytest.approx(1.4)
+    assert timing.window_seconds(6) == 0.25 and timing.window_seconds(3600) == 1.5
+    with pytest.raises(ValueError, match="budget_s"):
+        timing.window_seconds(0)
+
+
+def test_slow_steps_get_few_steps_but_one_per_worker():
+    # the data-bound baseline of the H200 benchmark: 0.6 s per step, 4 workers
+    assert timing.steps_per_window(0.6, 4, window_s=1.4) == 4
+    assert timing.steps_per_window(0.6, 0, window_s=1.4) == 2
+    assert timing.steps_per_window(0.01, 4, window_s=1.4) == 140
+    assert timing.steps_per_window(1e-5, 1, window_s=1.4, max_steps=50) == 50
+    assert timing.steps_per_window(float("inf"), 3, window_s=1.0) == 3
+    with pytest.raises(ValueError, match="min_steps"):
+        timing.steps_per_window(0.1, 1, window_s=1.0, min_steps=0)
+
+
+def test_littles_law_prediction_from_a_measured_configuration():
+    # 4 workers at 0.6 s per step -> one worker needs 2.4 s per batch; 12 usable cores
+    batch_s = timing.batch_seconds(0.6, 4, compute_s=0.07, usable_cpus=12)
+    assert batch_s == pytest.approx(2.4)
+    assert timing.predict_step_s(batch_s, 12, compute_s=0.07, usable_cpus=12) == pytest.approx(0.2)
+    assert timing.predict_step_s(batch_s, 24, compute_s=0.07, usable_cpus=12) == pytest.approx(0.2)  # cores bind
+    assert timing.predict_step_s(0.01, 8, compute_s=0.07, usable_cpus=12) == pytest.approx(0.07)  # compute binds
+    assert timing.predict_step_s(0.5, 0, compute_s=0.1, usable_cpus=12) == pytest.approx(0.6)  # main process
+    assert timing.batch_seconds(0.6, 0, compute_s=0.1, usable_cpus=12) == pytest.approx(0.5)
+
+
+def test_a_slow_baseline_trial_costs_seconds_not_tens():
+    steps = timing.steps_per_window(0.6, 4, window_s=1.4)
+    t = timing.trial_seconds(0.6, 4, windows=3, steps=steps, warmup=2, first_batch_s=2.4)
+    assert 8 < t < 13  # 2.4 s start-up + 12 steps of 0.6 s, plus margin
+    # the 14-worker guess at the predicted 0.2 s step
+    steps = timing.steps_per_window(0.2, 14, window_s=1.4)
+    assert steps == 14
+    assert timing.trial_seconds(0.2, 14, windows=3, steps=steps, warmup=2, first_batch_s=2.8) < 15
+
+
+def test_final_profile_and_reserve_fit_the_budget():
+    assert timing.final_reserve_s(84, 11.0) == pytest.approx(8.4)
+    assert timing.final_reserve_s(84, 2.0) == pytest.approx(2.0)
+    assert timing.profile_steps(8.0, 0.07) == 8
+    assert timing.profile_steps(1.0, 0.1) == 3
+    assert timing.profile_steps(-1.0, 0.1) == 2  # over budget: still a minimal profile
+    assert timing.profile_steps(5.0, 0.0) == 8
+
+
+def test_profile_steps_become_windows():
+    steps = [timing.StepSample(0.5, 128)] * 9
+    assert timing.windows_from_steps(steps, 4) == pytest.approx((256.0, 256.0))  # 4 + 5 steps
+    assert timing.windows_from_steps(steps[:3], 4) == pytest.approx((256.0,))
+    assert timing.windows_from_steps([timing.StepSample(0.0, 8)], 1) == ()
+
+
+def test_clear_win_needs_far_more_than_the_threshold():
+    assert clear_win(800, 100, noise=0.05)
+    assert not clear_win(140, 100, noise=0.0)  # +40% < +50%
+    assert not clear_win(180, 100, noise=0.2)  # +80% < 5 x 20%
+    assert not clear_win(100, 0, noise=0.0)
+
+
+def test_runner_predicts_a_worker_increase_from_the_baseline():
+    from pipeline_opt.tune.measure import Measurement
+    from pipeline_opt.tune.trial import TrialRunner
+
+    runner = TrialRunner(builder=None, model=None, step_fn=None, device=None, initial_step_s=0.6,
+                         window_s=1.4, compute_s=0.07, usable_cpus=12)
+    base = LoaderConfig(4)
+    runner.remember(base, Measurement(windows=(213.0,), steps_per_window=4, batch_size=128, startup_s=0,
+                                      elapsed_s=10))
+    assert runner.predict_step_s(LoaderConfig(12), 0.6) == pytest.approx(0.2, rel=0.01)
+    assert runner.predict_step_s(LoaderConfig(12, decode="draft"), 0.6) == pytest.approx(0.2, rel=0.01)
+    slow_guess = timing.trial_seconds(0.6, 12, windows=3, steps=12, warmup=2, first_batch_s=7.2)
+    assert runner.estimate_s(LoaderConfig(12), 0.6) < slow_guess / 2
