@@ -330,9 +330,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("%s failed", args.command)
         sys.stderr.write(f"pipeline-opt {args.command}: error: {exc}\n")
         return EXIT_USAGE
-    except NotImplementedError as exc:
-        sys.stderr.write(f"pipeline-opt {args.command}: not available in this build: {exc}\n")
-        return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write("pipeline-opt: interrupted\n")
         return EXIT_INTERRUPTED

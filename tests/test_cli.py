@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import types
 import pytest
 import torch
 
-import pipeline_opt as po
 from pipeline_opt import cli
 from pipeline_opt._version import __version__
 
@@ -48,17 +46,10 @@ def factory_file(tmp_path):
     return path
 
 
-def _landed(fn) -> bool:
-    """False while ``fn`` is still the skeleton's placeholder (its body only raises NotImplementedError)."""
-    return "raise NotImplementedError" not in inspect.getsource(fn)
 
 
-def _profile_available() -> bool:
-    return _landed(po.profile)
 
 
-def _tune_available() -> bool:
-    return _landed(po.autotune)
 
 
 def test_help_lists_every_command(capsys):
@@ -165,7 +156,6 @@ def test_yolo_forwards_every_argument(monkeypatch):
     assert seen == [["--data", "x.yaml", "--epochs", "1", "--help"]]
 
 
-@pytest.mark.skipif(not _profile_available(), reason="po.profile has not landed (placeholder)")
 def test_profile_command_on_user_factory(factory_file, tmp_path, capsys):
     out = tmp_path / "prof"
     rc = cli.main(["-q", "profile", f"{factory_file}:build_with_step", "--arg", "n=96", "--steps", "4",
@@ -176,7 +166,6 @@ def test_profile_command_on_user_factory(factory_file, tmp_path, capsys):
     assert (out / "report.html").is_file() and json.loads((out / "report.json").read_text())["throughput"] > 0
 
 
-@pytest.mark.skipif(not _tune_available(), reason="po.autotune has not landed (placeholder)")
 def test_tune_command_on_user_factory(factory_file, tmp_path, capsys):
     out = tmp_path / "tune"
     rc = cli.main(["-q", "tune", f"{factory_file}:build", "--arg", "n=96", "--budget", "8", "--out", str(out)])
@@ -186,7 +175,6 @@ def test_tune_command_on_user_factory(factory_file, tmp_path, capsys):
     assert (out / "tune.html").is_file()
 
 
-@pytest.mark.skipif(not (_profile_available() and _tune_available()), reason="profile/autotune have not landed")
 def test_demo_end_to_end_small(tmp_path, capsys):
     out = tmp_path / "demo"
     rc = cli.main(["-q", "demo", "--device", "cpu", "--out", str(out), "--images", "48", "--size", "160x120",

@@ -70,8 +70,6 @@ def plan_gpu_offload(dataset: Any) -> tuple[GpuOffload | None, str]:
         from pipeline_opt.transforms import split_transforms
 
         cpu, gpu = split_transforms(transform)
-    except NotImplementedError as exc:
-        return None, f"split_transforms is not available ({exc})"
     except (TypeError, ValueError) as exc:
         return None, f"the transform cannot be split: {exc}"
     if _is_empty(gpu):
