@@ -136,7 +136,7 @@ def integration_candidate(bench: Bench, deadline: H.Deadline) -> H.Candidate:
             "speedup_reported": result.speedup, "noise_reported": getattr(result, "noise", None),
             "trials": len(result.trials), "cpu_stages_disabled": list(pipe.cpu_stages_disabled)}
     pipe.close()  # the tuner measured clones; the pipeline's own loader is not used
-    return H.Candidate("integration (tune + GPU augment)", lambda: result.loader, bench.stepper(pipe.step_fn),
+    return H.Candidate("integration (tuned, GPU augment if it wins)", lambda: result.loader, bench.stepper(pipe.step_fn),
                        count=_count, meta=info, on_close=_close_loader)
 
 
@@ -164,10 +164,10 @@ def run_part(args: Any, sizes: Sizes, device: torch.device, suffix: str) -> tupl
         cands.append(integration_candidate(bench, deadline))
         info["integration"] = cands[-1].meta
     except NotImplementedError as exc:
-        rows.append(H.not_run("integration (tune + GPU augment)", "missing", f"placeholder API: {exc}"))
+        rows.append(H.not_run("integration (tuned, GPU augment if it wins)", "missing", f"placeholder API: {exc}"))
     except Exception as exc:
         H.log.exception("integration failed")
-        rows.append(H.not_run("integration (tune + GPU augment)", "failed", f"{type(exc).__name__}: {exc}"))
+        rows.append(H.not_run("integration (tuned, GPU augment if it wins)", "failed", f"{type(exc).__name__}: {exc}"))
     measured = H.interleave(cands, sizes.rounds, device, deadline=deadline, **window)
     measured_rows = H.rows_of(cands, measured)
     limit_row = measured_rows[0]
@@ -182,7 +182,7 @@ def summarize(rows: list[H.Row], suffixes: list[str]) -> dict[str, Any]:
     for sfx in suffixes:
         limit = by.get(f"limit (replayed pinned batch) @{sfx}")
         default = next((r for n, r in by.items() if n.startswith("default") and n.endswith(f"@{sfx}")), None)
-        integ = by.get(f"integration (tune + GPU augment) @{sfx}")
+        integ = by.get(f"integration (tuned, GPU augment if it wins) @{sfx}")
         x_limit = H.ratio(integ, limit)
         d_limit = H.ratio(default, limit)
         noise = max((r.stats["spread"] for r in (limit, default, integ) if r is not None and r.status == "ok"),

@@ -163,3 +163,34 @@ def build_gpu_augment(hyp: Any, *, affine: bool = False, device: torch.device | 
     from pipeline_opt.transforms.detection import DetectionGPUAugment
 
     return DetectionGPUAugment.from_hyp(hyp, affine=affine).to(device)
+
+
+def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
+    """Undo :func:`disable_cpu_augment`: give the silenced stages their recorded settings back.
+
+    Stages are matched by name in the order they were silenced; a stage that is active again
+    (e.g. the trainer rebuilt the transforms from its args) is left as it is. Returns the names restored.
+    """
+    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+
+    pending = list(disabled.stages)
+    restored = []
+    for t in iter_transforms(getattr(dataset, "transforms", None)):
+        if isinstance(t, RandomHSV) and not (t.hgain or t.sgain or t.vgain):
+            name = "RandomHSV"
+        elif isinstance(t, RandomFlip) and t.p == 0:
+            name = f"RandomFlip({t.direction})"
+        elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in _AFFINE_GAINS):
+            name = "RandomPerspective"
+        else:
+            continue
+        match = next((i for i, (n, _) in enumerate(pending) if n == name), None)
+        if match is None:
+            continue
+        _, before = pending.pop(match)
+        for key, value in before.items():
+            setattr(t, key, value)
+        restored.append(name)
+    if restored:
+        log.info("CPU augmentation restored: %s", ", ".join(restored))
+    return restored

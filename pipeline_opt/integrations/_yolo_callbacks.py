@@ -4,9 +4,11 @@ Timeline of one ``YOLO(...).train(...)`` with everything on:
 
 * ``on_pretrain_routine_start``: a new run; optional ``workers`` override of ``trainer.args``.
 * ``on_pretrain_routine_end`` (loaders built, not iterated): GPU augmentation wired (CPU HSV /
-  flips silenced in the dataset, ``trainer.preprocess_batch`` wrapped); the loader tuned on real
-  trainer steps and ``trainer.train_loader`` rebuilt with the winner; the profiled clone of the
-  loader (per-worker recorders) installed.
+  flips silenced in the dataset, ``trainer.preprocess_batch`` wrapped), then measured against the
+  CPU stages A B A B on real trainer steps and kept only if faster beyond the noise (otherwise
+  the CPU stages are restored and ``preprocess_batch`` unwrapped; ``gpu_augment="force"`` skips
+  the measurement); the loader tuned on real trainer steps and ``trainer.train_loader`` rebuilt
+  with the winner; the profiled clone of the loader (per-worker recorders) installed.
 * ``on_train_epoch_start`` / ``on_train_batch_start`` / ``on_train_batch_end`` drive the step
   profiler: data wait is the time from the end of one batch to the start of the next, compute the
   time from batch start to batch end (CUDA synchronised at the boundary when ``sync``). Once the
@@ -31,7 +33,13 @@ from pipeline_opt.integrations._yolo_augment import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
     build_gpu_augment,
-    disable_cpu_augment,
+)
+from pipeline_opt.integrations._yolo_decide import (
+    FORCE,
+    AugmentDecision,
+    AugmentSwitch,
+    check_gpu_augment,
+    decide_gpu_augment,
 )
 from pipeline_opt.integrations._yolo_step import TrainerStep
 from pipeline_opt.integrations._yolo_tune import config_changed, device_notes, rebuild_loader, tune_loader
@@ -53,7 +61,7 @@ class AttachOptions:
 
     profile: bool = True
     tune: bool = True
-    gpu_augment: bool = True
+    gpu_augment: bool | str = True  # True: measured, kept only if faster; "force": always on
     gpu_affine: bool = False
     output_dir: str | None = None
     tune_budget_s: float = 60.0
@@ -63,9 +71,11 @@ class AttachOptions:
     retune_epoch: int | None = None
     sync: bool = True
     tune_kwargs: dict[str, Any] | None = None  # extra keyword arguments for pipeline_opt.autotune
+    augment_kwargs: dict[str, Any] | None = None  # extra keyword arguments for decide_gpu_augment
 
     def __post_init__(self) -> None:
-        for name in ("profile", "tune", "gpu_augment", "gpu_affine", "sync"):
+        check_gpu_augment(self.gpu_augment)
+        for name in ("profile", "tune", "gpu_affine", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.gpu_affine and not self.gpu_augment:
@@ -83,6 +93,9 @@ class AttachOptions:
         if self.tune_kwargs is not None and not isinstance(self.tune_kwargs, dict):
             raise TypeError(f"tune_kwargs must be a dict of pipeline_opt.autotune arguments, got "
                             f"{type(self.tune_kwargs).__name__}")
+        if self.augment_kwargs is not None and not isinstance(self.augment_kwargs, dict):
+            raise TypeError(f"augment_kwargs must be a dict of decide_gpu_augment arguments, got "
+                            f"{type(self.augment_kwargs).__name__}")
         if self.retune_epoch is not None and not self.tune:
             raise ValueError(f"retune_epoch={self.retune_epoch} needs tune=True")
 
@@ -109,8 +122,8 @@ class _Run:
         self.trainer = trainer
         self.out_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
         self.notes: list[str] = []
-        self.augment: GpuAugmentedPreprocess | None = None
-        self.disabled: list[dict[str, Any]] = []
+        self.augment: GpuAugmentedPreprocess | None = None  # the wrapper built (installed only while active)
+        self.switch: AugmentSwitch | None = None
         self.tunes: list[dict[str, Any]] = []
         self.profiler: StepProfiler | None = None
         self.collector: Any = None
@@ -120,6 +133,11 @@ class _Run:
         self.batch_sizes: list[int] = []
         self.position = 0
         self.report: Any = None
+
+    @property
+    def disabled(self) -> list[dict[str, Any]]:
+        """The CPU stages silenced now, with the settings they had."""
+        return [] if self.switch is None else self.switch.disabled.to_dict()["stages"]
 
     @property
     def profiling(self) -> bool:
@@ -164,6 +182,8 @@ class YoloIntegration:
         bench = perf_bench_enabled()
         if opts.gpu_augment:
             self._setup_gpu_augment(run)
+        if opts.gpu_augment is True:
+            self._decide_augment(run)
         if opts.tune and bench:
             run.notes.append(f"{PERF_BENCH_ENV}=1: tuning skipped, the fixed profile measures the loader as configured")
         elif opts.tune:
@@ -176,10 +196,11 @@ class YoloIntegration:
         t = run.trainer
         affine = self.options.gpu_affine
         augment = build_gpu_augment(t.args, affine=affine, device=t.device)
-        stages = disable_cpu_augment(t.train_loader.dataset, affine=affine)
-        run.disabled.extend(stages.to_dict()["stages"])
         run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
-        t.preprocess_batch = run.augment
+        run.switch = AugmentSwitch(t.train_loader.dataset, _TrainerInstall(t, run.augment), affine=affine)
+        run.switch.set(True)
+        if self.options.gpu_augment == FORCE:
+            run.switch.decision = AugmentDecision.forced_on()
         log.info("GPU augmentation on %s: %r", t.device, augment)
         # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
         for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):
@@ -187,15 +208,26 @@ class YoloIntegration:
             if callable(original):
                 setattr(t, name, _AfterRebuild(original, self, run, rebuilt_loader=name == "_build_train_pipeline"))
 
+    def _decide_augment(self, run: _Run) -> None:
+        """Measure the GPU augmentation against the CPU stages on trainer steps; keep the faster."""
+        t = run.trainer
+        log.info("pipeline_opt: measuring the GPU augmentation against the CPU stages (A B A B)")
+        decision = decide_gpu_augment(t.train_loader, t.model, TrainerStep(t), t.device, run.switch,
+                                      **(self.options.augment_kwargs or {}))
+        run.switch.decision = decision
+        run.notes.append(("GPU augmentation kept: " if decision.applied else
+                          "GPU augmentation not used (ultralytics' CPU augmentation is as fast or faster): ")
+                         + decision.verdict)
+
     def after_rebuild(self, run: _Run, rebuilt_loader: bool) -> None:
         """The trainer rebuilt its transforms (close_mosaic) or its whole loader (OOM retry)."""
         t = run.trainer
-        stages = disable_cpu_augment(t.train_loader.dataset, affine=self.options.gpu_affine)
+        run.switch.dataset = t.train_loader.dataset
+        run.switch.reapply()
         if not rebuilt_loader:
             return
         log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
                     t.batch_size)
-        run.disabled.extend(stages.to_dict()["stages"])
         if run.tunes and config_changed(t.train_loader, run.tunes[-1]["config"]):
             t.train_loader = rebuild_loader(t.train_loader, run.tunes[-1]["config"])
         if run.profiler is not None and run.report is None:
@@ -343,7 +375,9 @@ class YoloIntegration:
             "options": asdict(self.options),
             "device": str(t.device),
             "train_loader": loader_config(t.train_loader) if hasattr(t, "train_loader") else None,
-            "gpu_augment": None if run.augment is None else {
+            "gpu_augment": None if run.switch is None else {
+                "applied": run.switch.active,
+                "decision": None if run.switch.decision is None else run.switch.decision.to_dict(),
                 "augment": repr(run.augment.augment), "batches": run.augment.calls,
                 "cpu_stages_disabled": run.disabled,
                 "cpu_stages_still_active": active_cpu_stages(dataset, affine=self.options.gpu_affine)
@@ -360,6 +394,24 @@ class YoloIntegration:
     def _save_summary(self, run: _Run) -> None:
         run.out_dir.mkdir(parents=True, exist_ok=True)
         (run.out_dir / SUMMARY_FILE).write_text(json.dumps(self.summary(run), indent=2, default=str))
+
+
+class _TrainerInstall:
+    """``AugmentSwitch.install`` for a trainer: wraps ``preprocess_batch`` or puts the original back."""
+
+    def __init__(self, trainer: Any, wrapper: GpuAugmentedPreprocess) -> None:
+        self.trainer = trainer
+        self.wrapper = wrapper
+        self.own = "preprocess_batch" in vars(trainer)  # an instance attribute before we came
+
+    def __call__(self, on: bool) -> None:
+        t = self.trainer
+        if on:
+            t.preprocess_batch = self.wrapper
+        elif self.own:
+            t.preprocess_batch = self.wrapper.preprocess
+        else:
+            vars(t).pop("preprocess_batch", None)  # the class's method again, exactly as before
 
 
 class _AfterRebuild:

@@ -1,9 +1,10 @@
 """``pipeline-opt yolo``: profile the ultralytics pipeline as built, tune it, print before / after.
 
 "before" is the data path and step ``yolo train`` runs (ultralytics' loader settings, CPU
-augmentation); "after" is the integration's pipeline (GPU colour / flip augmentation unless
-``--no-gpu-augment``, and the loader settings the tuner measured to be faster). Without ``--data``
-the built-in synthetic detection set is generated (and cached) first.
+augmentation); "after" is the integration's pipeline (GPU colour / flip augmentation where it
+measured faster than the CPU stages, unless ``--no-gpu-augment``, and the loader settings the
+tuner measured to be faster). Without ``--data`` the built-in synthetic detection set is
+generated (and cached) first.
 """
 
 from __future__ import annotations
@@ -88,19 +89,23 @@ def run(args: argparse.Namespace) -> dict:
         if result is not None and callable(getattr(result.loader, "close", None)):
             result.loader.close()
     config = dict(result.config)
-    config["gpu_augment"] = list(pipe.cpu_stages_disabled) if gpu else []
+    config["gpu_augment"] = list(pipe.cpu_stages_disabled)  # empty when the measured decision kept the CPU
     original = dict(before.loader_config)
     original["gpu_augment"] = []
     _out(result.table())
     _out("")
     _out(f"pipeline-opt yolo: {args.model} at {pipe.imgsz} px, batch {args.batch}, {pipe.amp} on {pipe.device}")
-    _out("before = ultralytics as built; after = " + ("GPU augmentation + " if gpu else "") + "tuned loader")
+    if result.gpu_augment is not None:
+        _out(f"GPU augmentation: {result.gpu_augment['verdict']}")
+    _out("before = ultralytics as built; after = " + ("GPU augmentation + " if pipe.gpu_augment_active else "")
+         + "tuned loader")
     _out(before_after_table(before, after, config=config, original_config=original))
     summary = {"data": str(data), "model": args.model, "imgsz": pipe.imgsz, "batch": args.batch,
                "device": str(pipe.device), "amp": pipe.amp, "before_throughput": before.throughput,
                "after_throughput": after.throughput,
                "speedup": after.throughput / before.throughput if before.throughput else None,
-               "config": config, "original_config": original, "tune_noise": result.noise}
+               "config": config, "original_config": original, "tune_noise": result.noise,
+               "gpu_augment_decision": result.gpu_augment}
     if args.out is not None:
         out = Path(args.out)
         before.save(out / "before")

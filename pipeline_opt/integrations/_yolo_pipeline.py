@@ -8,6 +8,7 @@ path and the step a training run has.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +16,18 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations._yolo_augment import build_gpu_augment, disable_cpu_augment
+from pipeline_opt.integrations._yolo_augment import build_gpu_augment
+from pipeline_opt.integrations._yolo_decide import (
+    FORCE,
+    AugmentDecision,
+    AugmentSwitch,
+    check_gpu_augment,
+    decide_gpu_augment,
+)
 from pipeline_opt.integrations._yolo_env import prepare_offline_env
 from pipeline_opt.integrations._yolo_step import AMP_CHOICES, YoloStep, default_amp
 from pipeline_opt.integrations._yolo_tune import tune_loader
+from pipeline_opt.tune.result import TuneResult
 
 log = get_logger("integrations.ultralytics")
 
@@ -35,8 +44,24 @@ class YoloPipeline:
     imgsz: int
     batch: int
     amp: str
-    gpu_augment: bool
-    cpu_stages_disabled: tuple[str, ...] = ()
+    gpu_augment: bool | str  # as asked: False, True (measured by tune_yolo) or "force"
+    switch: AugmentSwitch | None = field(default=None, repr=False, compare=False)  # None without gpu_augment
+    augment: torch.nn.Module | None = field(default=None, repr=False)  # the device-side augmentation built
+
+    @property
+    def gpu_augment_active(self) -> bool:
+        """Whether the step applies the GPU augmentation now (the CPU HSV / flips are silenced)."""
+        return self.switch is not None and self.switch.active
+
+    @property
+    def cpu_stages_disabled(self) -> tuple[str, ...]:
+        """The CPU stages silenced now (empty once the measured decision gave them back)."""
+        return self.switch.disabled.names if self.gpu_augment_active else ()
+
+    @property
+    def augment_decision(self) -> AugmentDecision | None:
+        """The measured (or forced) GPU-augmentation decision; ``None`` until :func:`tune_yolo` made it."""
+        return None if self.switch is None else self.switch.decision
 
     def close(self) -> None:
         """Shut the loader's workers down."""
@@ -77,7 +102,10 @@ def build_yolo_pipeline(
         device: default ``cuda:0`` when available, else CPU.
         amp: ``"bf16"`` / ``"fp16"`` / ``"fp32"``; default bf16 on a CUDA device with bf16, else fp32.
         gpu_augment: silence the dataset's CPU RandomHSV / RandomFlip and apply them on the device
-            in the step (``gpu_affine=True`` moves the RandomPerspective gains too).
+            in the step (``gpu_affine=True`` moves the RandomPerspective gains too). ``True`` makes
+            it a candidate: :func:`tune_yolo` (or :func:`decide_yolo_augment`) measures it against
+            the CPU stages and keeps it only when it is faster beyond the noise; ``"force"``
+            applies it unmeasured.
         overrides: any other ultralytics training argument (``mosaic=0.0``, ``cache="ram"``, ...).
 
     Ultralytics is configured offline first (:func:`prepare_offline_env`).
@@ -90,6 +118,7 @@ def build_yolo_pipeline(
         raise ValueError(f"workers={workers!r} must be an integer >= 0")
     if amp is not None and amp not in AMP_CHOICES:
         raise ValueError(f"amp={amp!r} must be one of {AMP_CHOICES} or None")
+    check_gpu_augment(gpu_augment)
     if gpu_affine and not gpu_augment:
         raise ValueError("gpu_affine=True needs gpu_augment=True")
     if not os.path.isfile(data_yaml):
@@ -117,15 +146,30 @@ def build_yolo_pipeline(
     cfg.imgsz = check_imgsz(imgsz, stride=stride, floor=stride, max_dim=1)
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train", stride=stride)
     loader = build_dataloader(dataset, batch=batch, workers=workers, shuffle=True, rank=-1, device=dev)
-    augment, disabled = None, ()
+    step = YoloStep(dev, amp=amp)
+    augment, switch = None, None
     if gpu_augment:
         augment = build_gpu_augment(cfg, affine=gpu_affine, device=dev)
-        disabled = disable_cpu_augment(dataset, affine=gpu_affine).names
-    step = YoloStep(dev, amp=amp, augment=augment)
+        switch = AugmentSwitch(dataset, _StepInstall(step, augment), affine=gpu_affine)
+        switch.set(True)  # a candidate until tune_yolo measured it; "force": for good
+        if gpu_augment == FORCE:
+            switch.decision = AugmentDecision.forced_on()
     log.info("YOLO pipeline: %s at %d px, batch %d, %d workers, %s on %s%s", model_cfg, cfg.imgsz, batch,
-             loader.num_workers, amp, dev, f", GPU augmentation ({', '.join(disabled)})" if gpu_augment else "")
+             loader.num_workers, amp, dev,
+             f", GPU augmentation ({', '.join(switch.disabled.names)})" if switch is not None else "")
     return YoloPipeline(loader=loader, model=model, step_fn=step, dataset=dataset, device=dev, imgsz=int(cfg.imgsz),
-                        batch=batch, amp=amp, gpu_augment=gpu_augment, cpu_stages_disabled=tuple(disabled))
+                        batch=batch, amp=amp, gpu_augment=gpu_augment, switch=switch, augment=augment)
+
+
+class _StepInstall:
+    """``AugmentSwitch.install`` for a :class:`YoloStep`: sets or clears its ``augment``."""
+
+    def __init__(self, step: YoloStep, augment: torch.nn.Module) -> None:
+        self.step = step
+        self.augment = augment
+
+    def __call__(self, on: bool) -> None:
+        self.step.augment = self.augment if on else None
 
 
 def _check_pipeline(pipeline: Any) -> None:
@@ -142,10 +186,43 @@ def profile_yolo(pipeline: YoloPipeline, steps: int = 30, warmup: int = 5, loade
                    steps=steps, warmup=warmup, device=pipeline.device, **kwargs)
 
 
-def tune_yolo(pipeline: YoloPipeline, time_budget_s: float = 60.0, **kwargs: Any) -> Any:
-    """:func:`pipeline_opt.autotune` of the pipeline's loader (workers, pin_memory, prefetch) on real steps.
+def decide_yolo_augment(pipeline: YoloPipeline, **kwargs: Any) -> AugmentDecision | None:
+    """Measure the GPU augmentation against the CPU stages (A B A B) and keep the faster, beyond the noise.
 
-    The returned ``TuneResult.loader`` is an ``InfiniteDataLoader`` clone with the chosen settings.
+    ``None`` when the pipeline was built without ``gpu_augment``; a decision already made (or
+    ``"force"``) is returned as it is. ``kwargs`` go to :func:`decide_gpu_augment` (``rounds``,
+    ``windows``, ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``seed``, ``measure``).
+    Afterwards ``pipeline.gpu_augment_active`` says which pipeline the step runs.
     """
     _check_pipeline(pipeline)
-    return tune_loader(pipeline.loader, pipeline.model, pipeline.step_fn, pipeline.device, time_budget_s, **kwargs)
+    switch = pipeline.switch
+    if switch is None:
+        return None
+    if switch.decision is None:
+        switch.decision = decide_gpu_augment(pipeline.loader, pipeline.model, pipeline.step_fn, pipeline.device,
+                                             switch, **kwargs)
+    return switch.decision
+
+
+@dataclass(frozen=True)
+class YoloTuneResult(TuneResult):
+    """A :class:`~pipeline_opt.tune.result.TuneResult` plus the GPU-augmentation decision (saved in tune.json)."""
+
+    gpu_augment: dict[str, Any] | None = None
+
+
+def tune_yolo(pipeline: YoloPipeline, time_budget_s: float = 60.0, *, augment_kwargs: dict[str, Any] | None = None,
+              **kwargs: Any) -> YoloTuneResult:
+    """Decide the GPU augmentation (measured), then :func:`pipeline_opt.autotune` the loader on real steps.
+
+    With ``gpu_augment=True`` the pipeline's GPU augmentation is first measured against the CPU
+    stages (:func:`decide_yolo_augment` with ``augment_kwargs``) and kept only where it wins beyond
+    the noise; the loader (workers, pin_memory, prefetch) is then tuned for the pipeline kept. The
+    returned ``loader`` is an ``InfiniteDataLoader`` clone with the chosen settings; ``gpu_augment``
+    holds the decision (both throughputs, the noise, the verdict), ``None`` without GPU augmentation.
+    """
+    _check_pipeline(pipeline)
+    decision = decide_yolo_augment(pipeline, **(augment_kwargs or {}))
+    result = tune_loader(pipeline.loader, pipeline.model, pipeline.step_fn, pipeline.device, time_budget_s, **kwargs)
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    return YoloTuneResult(**fields, gpu_augment=None if decision is None else decision.to_dict())

@@ -5,7 +5,7 @@
     from ultralytics import YOLO
 
     model = YOLO("yolo11n.yaml")
-    attach(model)                         # profile + tune + GPU augmentation
+    attach(model)                         # profile + tune + GPU augmentation where it measures faster
     model.train(data="data.yaml", epochs=100, imgsz=640, batch=64)
     # -> <save_dir>/pipeline_opt/: report.json, trace.json, report.html, tune/, integration.json
 
@@ -14,7 +14,8 @@
 
 Trainer-free (benchmarks): :func:`build_yolo_pipeline` builds the dataset, InfiniteDataLoader,
 DetectionModel and its loss step as the trainer would; :func:`profile_yolo` / :func:`tune_yolo`
-run ``po.profile`` / ``po.autotune`` on it. ``pipeline-opt yolo`` is :func:`cli_main`.
+run ``po.profile`` / ``po.autotune`` on it (:func:`tune_yolo` first measures the GPU augmentation
+against the CPU stages, :func:`decide_yolo_augment`). ``pipeline-opt yolo`` is :func:`cli_main`.
 
 ultralytics is imported only when a function needs it (the ``yolo`` extra).
 """
@@ -29,13 +30,17 @@ from pipeline_opt.integrations._yolo_augment import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
     disable_cpu_augment,
+    restore_cpu_augment,
 )
 from pipeline_opt.integrations._yolo_callbacks import AttachOptions, YoloIntegration
 from pipeline_opt.integrations._yolo_cli import cli_main
+from pipeline_opt.integrations._yolo_decide import AugmentDecision, AugmentSwitch, decide_gpu_augment
 from pipeline_opt.integrations._yolo_env import prepare_offline_env
 from pipeline_opt.integrations._yolo_pipeline import (
     YoloPipeline,
+    YoloTuneResult,
     build_yolo_pipeline,
+    decide_yolo_augment,
     profile_yolo,
     tune_yolo,
 )
@@ -43,19 +48,25 @@ from pipeline_opt.integrations._yolo_step import TrainerStep, YoloStep
 
 __all__ = [
     "AttachOptions",
+    "AugmentDecision",
+    "AugmentSwitch",
     "DisabledStages",
     "GpuAugmentedPreprocess",
     "TrainerStep",
     "YoloIntegration",
     "YoloPipeline",
     "YoloStep",
+    "YoloTuneResult",
     "active_cpu_stages",
     "attach",
     "build_yolo_pipeline",
     "cli_main",
+    "decide_gpu_augment",
+    "decide_yolo_augment",
     "disable_cpu_augment",
     "prepare_offline_env",
     "profile_yolo",
+    "restore_cpu_augment",
     "tune_yolo",
 ]
 
@@ -64,7 +75,7 @@ def attach(
     model: Any,
     profile: bool = True,
     tune: bool = True,
-    gpu_augment: bool = True,
+    gpu_augment: bool | str = True,
     output_dir: str | os.PathLike | None = None,
     tune_budget_s: float = 60.0,
     steps: int = 30,
@@ -75,6 +86,7 @@ def attach(
     retune_epoch: int | None = None,
     sync: bool = True,
     tune_kwargs: dict[str, Any] | None = None,
+    augment_kwargs: dict[str, Any] | None = None,
 ) -> YoloIntegration:
     """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
 
@@ -86,9 +98,14 @@ def attach(
         tune: before the first epoch, measure candidate workers / pin_memory / prefetch_factor on
             real trainer steps (forward, loss, backward with the trainer's AMP; never the optimizer;
             the model restored bitwise) and rebuild ``trainer.train_loader`` with the winner.
-        gpu_augment: silence the dataset's CPU RandomHSV / RandomFlip and apply them on the device
-            in ``preprocess_batch`` with the run's own hyperparameters (``gpu_affine=True`` moves
-            the RandomPerspective gains too; the CPU then only centre-crops the Mosaic canvas).
+        gpu_augment: consider silencing the dataset's CPU RandomHSV / RandomFlip and applying them
+            on the device in ``preprocess_batch`` with the run's own hyperparameters
+            (``gpu_affine=True`` moves the RandomPerspective gains too; the CPU then only
+            centre-crops the Mosaic canvas). ``True``: both are measured on real trainer steps,
+            interleaved A B A B, before tuning; the GPU augmentation is kept only when its median
+            gain beats ``max(noise, 3%)``, otherwise the CPU stages stay and ``preprocess_batch``
+            is left unwrapped (the verdict, both throughputs and the noise are logged and saved in
+            ``integration.json``). ``"force"``: applied without measuring. ``False``: never.
         output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
         tune_budget_s: tuning time budget in seconds.
         steps, warmup: the profile window.
@@ -98,6 +115,8 @@ def attach(
             times hold the GPU work (ultralytics' loop syncs every step anyway to log losses).
         tune_kwargs: further arguments for :func:`pipeline_opt.autotune` (``max_workers``,
             ``min_gain``, ``seed``, ``profiler``, ...).
+        augment_kwargs: further arguments for :func:`decide_gpu_augment` (``rounds``, ``windows``,
+            ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``).
 
     Returns:
         The :class:`YoloIntegration` whose callbacks were added (its ``run`` holds the state of
@@ -109,7 +128,7 @@ def attach(
                             output_dir=None if output_dir is None else os.fspath(output_dir),
                             tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
                             gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
-                            tune_kwargs=tune_kwargs)
+                            tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs)
     integration = YoloIntegration(options)
     for event, fn in integration.callbacks().items():
         model.add_callback(event, fn)

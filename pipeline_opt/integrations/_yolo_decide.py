@@ -1,0 +1,210 @@
+"""Keep the GPU augmentation only where it measurably wins.
+
+Moving RandomHSV / RandomFlip from the workers to the device frees CPU time, but costs device time
+in the step: on a CPU-bound host it wins, on a launch-bound one (the default loader already keeps
+the GPU fed) it loses. :func:`decide_gpu_augment` measures both, interleaved A B A B, with the
+tuner's own machinery (:func:`pipeline_opt.tune.measure.measure_throughput` on a fresh clone of
+the loader per trial; :func:`pipeline_opt.tune.search.accept` for the verdict), and keeps the GPU
+augmentation only when its pooled median beats the CPU one by more than ``max(noise, 3%)``.
+Otherwise the CPU stages are given back and the step is left unwrapped.
+
+:class:`AugmentSwitch` is the one place that turns the augmentation on or off: the dataset's CPU
+stages and the device-side hook always change together.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt._step import ModelStateGuard
+from pipeline_opt.integrations._yolo_augment import DisabledStages, disable_cpu_augment, restore_cpu_augment
+from pipeline_opt.loader_clone import clone_loader
+from pipeline_opt.tune import measure as _measure
+from pipeline_opt.tune.measure import Measurement, TrialFailed
+from pipeline_opt.tune.search import MIN_GAIN, accept, repeat_noise
+
+log = get_logger("integrations.ultralytics")
+
+FORCE = "force"
+
+
+def check_gpu_augment(value: Any) -> None:
+    """``gpu_augment`` is ``False``, ``True`` (measure, keep if faster) or ``"force"`` (always on)."""
+    if not (isinstance(value, bool) or value == FORCE):
+        raise ValueError(f"gpu_augment={value!r} must be True (measured: kept only if faster), False, "
+                         f"or {FORCE!r} (always on, unmeasured)")
+
+
+class AugmentSwitch:
+    """Turns the GPU augmentation on or off: the dataset's CPU stages and ``install(on)`` together.
+
+    Args:
+        dataset: the ultralytics training dataset whose CPU stages are silenced / restored.
+        install: ``install(True)`` puts the device-side augmentation in the step, ``install(False)``
+            takes it out (e.g. sets ``YoloStep.augment`` or ``trainer.preprocess_batch``).
+        affine: whether ``RandomPerspective``'s gains move too.
+    """
+
+    def __init__(self, dataset: Any, install: Callable[[bool], None], *, affine: bool = False) -> None:
+        if not callable(install):
+            raise TypeError("install must be a callable taking True / False")
+        self.dataset = dataset
+        self.install = install
+        self.affine = affine
+        self.disabled = DisabledStages(())
+        self.active = False
+        self.decision: AugmentDecision | None = None  # set by whoever decided (measured or forced)
+
+    def set(self, on: bool) -> None:
+        """Silence the CPU stages and install the hook (``on``), or restore them and remove it."""
+        if on:
+            more = disable_cpu_augment(self.dataset, affine=self.affine)
+            self.disabled = DisabledStages(self.disabled.stages + more.stages)
+        elif self.disabled.stages:
+            restore_cpu_augment(self.dataset, self.disabled)
+            self.disabled = DisabledStages(())
+        self.install(on)
+        self.active = on
+
+    def reapply(self) -> DisabledStages:
+        """After the trainer rebuilt the transforms from its args: silence them again if active."""
+        if not self.active:
+            return DisabledStages(())
+        more = disable_cpu_augment(self.dataset, affine=self.affine)
+        self.disabled = DisabledStages(self.disabled.stages + more.stages)
+        return more
+
+
+@dataclass(frozen=True)
+class AugmentDecision:
+    """Whether the GPU augmentation was kept, and the evidence (throughputs in samples/s)."""
+
+    applied: bool
+    cpu_throughput: float  # pooled median, CPU HSV / flip as ultralytics built them
+    gpu_throughput: float  # pooled median, GPU augmentation
+    noise: float
+    threshold: float  # max(noise, min_gain)
+    verdict: str
+    cpu_windows: tuple[float, ...] = ()
+    gpu_windows: tuple[float, ...] = ()
+    order: tuple[str, ...] = ()  # the trials as run, e.g. ("cpu", "gpu", "cpu", "gpu")
+    forced: bool = False
+
+    @property
+    def gain(self) -> float:
+        """GPU over CPU throughput, minus 1 (0 when the CPU side measured nothing)."""
+        return self.gpu_throughput / self.cpu_throughput - 1.0 if self.cpu_throughput > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["gain"] = self.gain
+        return out
+
+    @classmethod
+    def forced_on(cls) -> AugmentDecision:
+        return cls(applied=True, cpu_throughput=0.0, gpu_throughput=0.0, noise=0.0, threshold=0.0,
+                   verdict=f"gpu_augment={FORCE!r}: applied without measuring", forced=True)
+
+
+def _pooled(measurements: list[Measurement]) -> tuple[float, tuple[float, ...]]:
+    windows = tuple(w for m in measurements for w in m.windows)
+    return (float(statistics.median(windows)) if windows else 0.0), windows
+
+
+def _noise(cpu: list[Measurement], gpu: list[Measurement]) -> float:
+    """As the tuner's search: half the windows' spread, or the spread of repeated medians if larger."""
+    spreads = [m.spread for m in cpu + gpu]
+    noise = statistics.median(spreads) / 2 if spreads else 0.0
+    return max(noise, repeat_noise([m.median for m in cpu]), repeat_noise([m.median for m in gpu]))
+
+
+def decide_gpu_augment(
+    loader: Any,
+    model: torch.nn.Module,
+    step_fn: Callable[[torch.nn.Module, Any], Any],
+    device: torch.device,
+    switch: AugmentSwitch,
+    *,
+    rounds: int = 2,
+    windows: int = 3,
+    steps: int = 10,
+    warmup: int = 2,
+    min_gain: float = MIN_GAIN,
+    time_budget_s: float = 60.0,
+    seed: int = 0,
+    measure: Callable[..., Measurement] | None = None,
+) -> AugmentDecision:
+    """Measure ``loader`` + ``step_fn`` with the CPU stages and with the GPU augmentation, A B A B.
+
+    Each trial runs on a fresh clone of ``loader`` (its workers fork the dataset in the state being
+    measured) with the same ``seed``; the model is restored bitwise afterwards. ``rounds`` pairs are
+    measured (fewer when ``time_budget_s`` runs out; with no complete pair the CPU stages stay).
+    The switch is left in the winning state. ``measure`` replaces
+    :func:`~pipeline_opt.tune.measure.measure_throughput` (tests inject numbers through it).
+    """
+    for name, value, low in (("rounds", rounds, 1), ("windows", windows, 1), ("steps", steps, 1),
+                             ("warmup", warmup, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    if not isinstance(time_budget_s, (int, float)) or time_budget_s <= 0:
+        raise ValueError(f"time_budget_s={time_budget_s!r} must be a positive number of seconds")
+    measure = measure or _measure.measure_throughput
+    deadline = time.monotonic() + float(time_budget_s)
+    runs: dict[str, list[Measurement]] = {"cpu": [], "gpu": []}
+    order: list[str] = []
+    failure, gpu_broke = "", False
+    with ModelStateGuard(model):
+        model.train()
+        try:
+            for _ in range(rounds):
+                for side in ("cpu", "gpu"):
+                    switch.set(side == "gpu")
+                    trial_loader = clone_loader(loader)
+                    try:
+                        runs[side].append(measure(trial_loader, model, step_fn, device, windows=windows,
+                                                  steps=steps, warmup=warmup, deadline=deadline, seed=seed))
+                    finally:
+                        close = getattr(trial_loader, "close", None)
+                        if callable(close):
+                            close()
+                    order.append(side)
+                if time.monotonic() > deadline:
+                    break
+        except TrialFailed as exc:
+            side = "gpu" if len(order) % 2 else "cpu"
+            gpu_broke = side == "gpu" and exc.kind != "budget"
+            failure = f"the {side} trial failed ({exc.kind}): {exc}"
+    decision = _verdict(runs, order, failure, min_gain, gpu_broke)
+    switch.set(decision.applied)
+    log.info("pipeline_opt: GPU augmentation %s: %s", "kept" if decision.applied else "not used", decision.verdict)
+    return decision
+
+
+def _verdict(runs: dict[str, list[Measurement]], order: list[str], failure: str, min_gain: float,
+             gpu_broke: bool) -> AugmentDecision:
+    pairs = min(len(runs["cpu"]), len(runs["gpu"]))
+    cpu, gpu = runs["cpu"][:pairs], runs["gpu"][:pairs]
+    cpu_tp, cpu_w = _pooled(cpu)
+    gpu_tp, gpu_w = _pooled(gpu)
+    noise = _noise(cpu, gpu) if pairs else 0.0
+    threshold = max(noise, min_gain)
+    if pairs == 0 or cpu_tp <= 0:
+        why = failure or "no complete CPU / GPU pair was measured"
+        applied, verdict = False, f"{why}; the CPU augmentation stays"
+    else:
+        ok, sentence = accept(gpu_tp, cpu_tp, noise, min_gain)
+        applied = ok and not gpu_broke
+        verdict = (f"GPU {gpu_tp:.1f} vs CPU {cpu_tp:.1f} samples/s over {pairs} A B pair(s): {sentence}; "
+                   + ("GPU augmentation kept" if applied else "the CPU augmentation stays (no gain beyond the noise)"))
+        if failure:
+            verdict += f"; {failure}"
+    return AugmentDecision(applied=applied, cpu_throughput=cpu_tp, gpu_throughput=gpu_tp, noise=noise,
+                           threshold=threshold, verdict=verdict, cpu_windows=cpu_w, gpu_windows=gpu_w,
+                           order=tuple(order))

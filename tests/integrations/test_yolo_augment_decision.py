@@ -1,0 +1,164 @@
+"""The measured GPU-augmentation decision: kept only when it beats the CPU stages beyond the noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline_opt.integrations._yolo_callbacks import AttachOptions
+from pipeline_opt.integrations.ultralytics import (
+    YoloTuneResult,
+    active_cpu_stages,
+    build_yolo_pipeline,
+    decide_yolo_augment,
+    tune_yolo,
+)
+from pipeline_opt.tune.measure import Measurement, TrialFailed
+from pipeline_opt.tune.result import TuneResult
+
+CPU_STAGES = ["RandomHSV", "RandomFlip(horizontal)"]
+
+
+class FakeMeasure:
+    """``measure_throughput`` stand-in: ``rates[gpu]`` samples/s (x ``wobble`` across the windows).
+
+    It records, per trial, whether the step applied the GPU augmentation and which CPU stages the
+    dataset still had active, so the tests see that both halves switched together.
+    """
+
+    def __init__(self, cpu: float, gpu: float, dataset, wobble: float = 0.01, fail_gpu: bool = False) -> None:
+        self.rates = {False: cpu, True: gpu}
+        self.dataset = dataset
+        self.wobble = wobble
+        self.fail_gpu = fail_gpu
+        self.seen: list[tuple[bool, list[str]]] = []
+
+    def __call__(self, loader, model, step_fn, device, *, windows, steps, warmup, deadline, seed):
+        gpu = step_fn.augment is not None
+        self.seen.append((gpu, active_cpu_stages(self.dataset)))
+        assert loader is not None and loader.dataset is self.dataset and seed == 0
+        if gpu and self.fail_gpu:
+            raise TrialFailed("step", "step_fn raised RuntimeError: out of memory")
+        r = self.rates[gpu]
+        return Measurement(windows=(r * (1 - self.wobble), r, r * (1 + self.wobble)), steps_per_window=steps,
+                           batch_size=4, startup_s=0.0, elapsed_s=0.0)
+
+
+@pytest.fixture
+def pipe(yolo_data):
+    p = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", gpu_augment=True)
+    yield p
+    p.close()
+
+
+def _hsv_flip(dataset):
+    from ultralytics.data.augment import RandomFlip, RandomHSV
+
+    from pipeline_opt.integrations._yolo_augment import iter_transforms
+
+    ts = iter_transforms(dataset.transforms)
+    hsv = next(t for t in ts if isinstance(t, RandomHSV))
+    flip = next(t for t in ts if isinstance(t, RandomFlip) and t.direction == "horizontal")
+    return (hsv.hgain, hsv.sgain, hsv.vgain), flip.p
+
+
+def test_gpu_augment_that_loses_restores_the_cpu_stages(pipe):
+    assert pipe.gpu_augment_active and pipe.cpu_stages_disabled == tuple(CPU_STAGES)  # a candidate after build
+    fake = FakeMeasure(cpu=100.0, gpu=80.0, dataset=pipe.dataset)
+    decision = decide_yolo_augment(pipe, measure=fake)
+    assert [gpu for gpu, _ in fake.seen] == [False, True, False, True]  # interleaved A B A B
+    assert [stages for _, stages in fake.seen] == [CPU_STAGES, [], CPU_STAGES, []]
+    assert decision.order == ("cpu", "gpu", "cpu", "gpu") and not decision.applied
+    assert decision.cpu_throughput == pytest.approx(100.0) and decision.gpu_throughput == pytest.approx(80.0)
+    assert decision.noise == pytest.approx(0.01) and decision.threshold == pytest.approx(0.03)
+    assert decision.gain == pytest.approx(-0.2) and "CPU augmentation stays" in decision.verdict
+    # the CPU stages are back with the run's own gains, and the step does not augment
+    assert active_cpu_stages(pipe.dataset) == CPU_STAGES
+    assert _hsv_flip(pipe.dataset) == ((pytest.approx(0.015), pytest.approx(0.7), pytest.approx(0.4)), 0.5)
+    assert pipe.step_fn.augment is None and not pipe.gpu_augment_active and pipe.cpu_stages_disabled == ()
+    assert pipe.augment_decision is decision
+    assert decide_yolo_augment(pipe, measure=fake) is decision and len(fake.seen) == 4  # decided once
+
+
+def test_gpu_augment_that_wins_beyond_the_noise_is_applied(pipe):
+    fake = FakeMeasure(cpu=100.0, gpu=125.0, dataset=pipe.dataset)
+    decision = decide_yolo_augment(pipe, measure=fake)
+    assert decision.applied and decision.gain == pytest.approx(0.25)
+    assert "GPU augmentation kept" in decision.verdict
+    assert active_cpu_stages(pipe.dataset) == [] and pipe.step_fn.augment is pipe.augment
+    assert pipe.cpu_stages_disabled == tuple(CPU_STAGES)
+    assert decision.to_dict()["gpu_throughput"] == pytest.approx(125.0)
+
+
+@pytest.mark.parametrize("gpu, wobble, why", [
+    (102.0, 0.01, "below the 3% minimum"),
+    (108.0, 0.20, "within the measured noise (windows spread 40% -> noise 20%)"),
+])
+def test_gpu_augment_within_the_threshold_is_not_applied(pipe, gpu, wobble, why):
+    decision = decide_yolo_augment(pipe, measure=FakeMeasure(cpu=100.0, gpu=gpu, dataset=pipe.dataset, wobble=wobble))
+    assert not decision.applied, why
+    assert decision.threshold == pytest.approx(max(wobble, 0.03))
+    assert active_cpu_stages(pipe.dataset) == CPU_STAGES and pipe.step_fn.augment is None
+
+
+def test_a_failing_gpu_trial_keeps_the_cpu_stages(pipe):
+    decision = decide_yolo_augment(pipe, measure=FakeMeasure(cpu=100.0, gpu=500.0, dataset=pipe.dataset,
+                                                             fail_gpu=True))
+    assert not decision.applied and "gpu trial failed (step)" in decision.verdict
+    assert decision.order == ("cpu",) and active_cpu_stages(pipe.dataset) == CPU_STAGES
+
+
+def test_forced_gpu_augment_is_not_measured(yolo_data):
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", gpu_augment="force")
+    try:
+        fake = FakeMeasure(cpu=100.0, gpu=1.0, dataset=pipe.dataset)
+        decision = decide_yolo_augment(pipe, measure=fake)
+        assert decision.forced and decision.applied and fake.seen == []
+        assert active_cpu_stages(pipe.dataset) == [] and pipe.step_fn.augment is not None
+    finally:
+        pipe.close()
+
+
+def test_real_measurement_leaves_a_consistent_pipeline(pipe):
+    before = {n: p.detach().clone() for n, p in pipe.model.named_parameters()}
+    decision = decide_yolo_augment(pipe, rounds=1, windows=1, steps=1, warmup=0)
+    assert decision.order == ("cpu", "gpu") and decision.cpu_throughput > 0 and decision.gpu_throughput > 0
+    assert pipe.gpu_augment_active == decision.applied
+    assert active_cpu_stages(pipe.dataset) == ([] if decision.applied else CPU_STAGES)
+    assert all((before[n] == p).all() for n, p in pipe.model.named_parameters())  # the model is restored
+
+
+def test_tune_yolo_decides_first_and_records_the_decision(pipe, monkeypatch):
+    import pipeline_opt.integrations._yolo_pipeline as yolo_pipeline
+
+    seen = []
+
+    def fake_tune_loader(loader, model, step_fn, device, time_budget_s, **kwargs):
+        seen.append((active_cpu_stages(pipe.dataset), step_fn.augment, kwargs))
+        return TuneResult(loader=loader, config={"num_workers": 0, "pin_memory": False}, baseline=None, best=None,
+                          trials=(), speedup=1.0, verdict="kept")
+
+    monkeypatch.setattr(yolo_pipeline, "tune_loader", fake_tune_loader)
+    fake = FakeMeasure(cpu=100.0, gpu=50.0, dataset=pipe.dataset)
+    result = tune_yolo(pipe, time_budget_s=3, augment_kwargs={"measure": fake}, max_workers=2)
+    assert isinstance(result, YoloTuneResult) and isinstance(result, TuneResult) and len(fake.seen) == 4
+    assert seen == [(CPU_STAGES, None, {"max_workers": 2})]  # the loader is tuned for the pipeline kept
+    assert result.verdict == "kept" and result.loader is pipe.loader
+    saved = result.to_dict()["gpu_augment"]
+    assert saved["applied"] is False and saved["cpu_throughput"] == pytest.approx(100.0)
+    assert saved["gpu_throughput"] == pytest.approx(50.0) and saved["noise"] == pytest.approx(0.01)
+    assert "CPU augmentation stays" in saved["verdict"]
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_bad_gpu_augment_values_are_rejected(yolo_data, bad):
+    with pytest.raises(ValueError, match="gpu_augment="):
+        build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", gpu_augment=bad)
+    with pytest.raises(ValueError, match="gpu_augment="):
+        AttachOptions(gpu_augment=bad)
+
+
+def test_decision_arguments_are_checked(pipe):
+    with pytest.raises(ValueError, match="rounds=0"):
+        decide_yolo_augment(pipe, rounds=0)
+    with pytest.raises(TypeError, match="augment_kwargs"):
+        AttachOptions(augment_kwargs=[1])
