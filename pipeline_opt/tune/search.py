@@ -160,12 +160,10 @@ class Search:
         """
         estimate = self.evaluator.estimate_s(cfg, self._step_s())
         deadline = max(self.deadline, self.clock() + 2 * estimate) if force else self.deadline
-        if force:
-            pass
-        elif self.out_of_time:
+        if not force and self.out_of_time:
             self.not_tried.append(f"{cfg.label()} ({why}): the time budget ran out")
             return None
-        elif estimate > self.remaining_s():
+        if not force and estimate > self.remaining_s():
             self.out_of_time = True
             self.not_tried.append(f"{cfg.label()} ({why}): needs ~{estimate:.1f} s, "
                                   f"{max(0.0, self.remaining_s()):.1f} s left")
