@@ -4,12 +4,17 @@ Pipeline: an image folder of 1024 JPEGs of 640x480, Resize((224, 224)) + ToTenso
 ``cores - 2`` workers, ResNet-50 batch 128 bf16 channels_last with an SGD step (the classification
 benchmark's step). Short steps and busy workers: the case where profiling costs show most.
 
-Rows (interleaved rounds, alternating order, medians)
-    plain                           the loader, no profiler
-    profile_loop workers on         po.profile_loop(...) active for every measured step, worker profiling on
-                                    (a fresh one per window: only one torch.profiler session may run at a time)
-    profile_loop workers off        the same with worker_profiling=False
-    po.profile workers on / off     po.profile's own throughput (report.throughput), alternated
+Rows (interleaved rounds, alternating order, medians). The profile_loop rows split the cost into
+its two parts: the worker proxies and torch.profiler's per-op tracing in the main process.
+    plain                                        the loader, no profiler
+    profile_loop workers on, every step traced   po.profile_loop(..., trace_steps=None) measuring every
+                                                 step (a fresh one per window: one torch.profiler
+                                                 session at a time)
+    profile_loop workers on, untraced            trace_steps=0: step timing + worker profiling only
+    profile_loop workers off, untraced           step timing only
+    po.profile <variant>                         po.profile's own throughput (report.throughput) with the
+                                                 default trace_steps, with every step traced, and with
+                                                 workers off; rounds alternate the order
 The summary gives each as a ratio of plain; the target is >= 0.95 (overhead <= 5%).
 
     python -m benchmarks.bench_overhead --out DIR         # H200: about 1.5 minutes
@@ -48,7 +53,7 @@ class Sizes:
     profile_rounds: int = 2
     profile_steps: int = 30
     loop_steps: int = 400  # profile_loop stays active for this many steps (covers every window)
-    budget_s: float = 110.0
+    budget_s: float = 230.0
     min_steps: int = 12
     min_seconds: float = 2.5
     max_seconds: float = 8.0
@@ -98,19 +103,21 @@ def run(args: Any) -> Path:
 
     window = {"min_steps": sizes.min_steps, "min_seconds": sizes.min_seconds, "max_seconds": sizes.max_seconds}
     meta = {**asdict(point), "model": sizes.model, "batch": sizes.batch}
-    cands = [H.Candidate("plain", loader, trainer.step, meta=meta)]
+    # plain is rebuilt for every window too: every row pays the same worker start-up and queue refill
+    cands = [H.Candidate("plain", loader, trainer.step, meta=meta, fresh=True)]
     rows: list[H.Row] = []
     profile_loop = H.optional("pipeline_opt", "profile_loop")
     if profile_loop:
-        for on in (True, False):
-            def make(on: bool = on) -> Any:
-                return profile_loop(loader(), model=trainer.model, steps=sizes.loop_steps, warmup=0, device=device,
-                                    worker_profiling=on)
+        for traced, on in ((True, True), (False, True), (False, False)):
+            def make(on: bool = on, traced: bool = traced) -> Any:
+                return profile_loop(loader(), model=trainer.model, steps=sizes.loop_steps, warmup=0,
+                                    device=device, worker_profiling=on, trace_steps=None if traced else 0)
 
             loop = ProfiledLoop(trainer, make)
-            cands.append(H.Candidate(f"profile_loop workers {'on' if on else 'off'}", loop.source, loop.step,
-                                     meta={**meta, "worker_profiling": on}, on_close=lambda prof: prof.close(),
-                                     fresh=True))
+            name = f"profile_loop workers {'on' if on else 'off'}, {'every step traced' if traced else 'untraced'}"
+            cands.append(H.Candidate(name, loop.source, loop.step,
+                                     meta={**meta, "worker_profiling": on, "traced": traced},
+                                     on_close=lambda prof: prof.close(), fresh=True))
     else:
         rows.append(H.not_run("profile_loop", "missing", profile_loop.reason))
     trainer.step(_warm_batch(sizes, device, num_classes))  # cuDNN warm-up
@@ -138,34 +145,44 @@ def _warm_batch(sizes: Sizes, device: torch.device, num_classes: int) -> tuple[t
             torch.randint(0, num_classes, (sizes.batch,), device=device))
 
 
+PROFILE_VARIANTS: dict[str, dict[str, Any]] = {
+    "po.profile workers on (default trace_steps)": {"worker_profiling": True},
+    "po.profile workers on, every step traced": {"worker_profiling": True, "trace_steps": None},
+    "po.profile workers off (default trace_steps)": {"worker_profiling": False},
+}
+
+
 def profile_rows(sizes: Sizes, trainer: Trainer, loader: Any, device: torch.device, deadline: H.Deadline,
                  plain: H.Row) -> list[H.Row]:
-    """po.profile's own throughput with worker profiling on and off, alternated."""
+    """po.profile's own throughput for each of PROFILE_VARIANTS, the order alternating by round."""
     profile = H.optional("pipeline_opt", "profile")
     if not profile:
         return [H.not_run("po.profile", "missing", profile.reason)]
-    values: dict[bool, list[float]] = {True: [], False: []}
-    errors: dict[bool, str] = {}
+    names = list(PROFILE_VARIANTS)
+    values: dict[str, list[float]] = {n: [] for n in names}
+    traced: dict[str, int] = {}
+    errors: dict[str, str] = {}
     for r in range(sizes.profile_rounds):
-        for on in ((True, False) if r % 2 == 0 else (False, True)):
-            if deadline.expired() or on in errors:
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if deadline.expired() or name in errors:
                 continue
             try:
                 report = profile(loader(), trainer.model, step_fn=trainer.step_fn, steps=sizes.profile_steps,
-                                 device=device, worker_profiling=on, limit=False)
-                values[on].append(report.throughput)
+                                 device=device, limit=False, **PROFILE_VARIANTS[name])
+                values[name].append(report.throughput)
+                traced[name] = report.traced_steps
             except Exception as exc:
                 H.log.exception("po.profile failed")
-                errors[on] = f"{type(exc).__name__}: {exc}"
+                errors[name] = f"{type(exc).__name__}: {exc}"
     rows = []
-    for on in (True, False):
-        name = f"po.profile workers {'on' if on else 'off'}"
-        if values[on]:
-            row = H.row_of(name, values[on], {"worker_profiling": on, "steps": sizes.profile_steps})
+    for name in names:
+        meta = {**PROFILE_VARIANTS[name], "steps": sizes.profile_steps, "traced_steps": traced.get(name)}
+        if values[name]:
+            row = H.row_of(name, values[name], meta)
             rows.append(row.with_extra(vs_plain=H.ratio(row, plain)))
         else:
-            rows.append(H.not_run(name, "failed" if on in errors else "skipped",
-                                  errors.get(on, "time budget")))
+            rows.append(H.not_run(name, "failed" if name in errors else "skipped", errors.get(name, "time budget"),
+                                  meta))
     return rows
 
 

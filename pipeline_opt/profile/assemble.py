@@ -89,7 +89,8 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         raise RuntimeError("no step was measured: run at least warm-up + 1 steps before asking for the report")
     window = main.window_s
     data_wait_frac = _clamp(sum(s.data_wait_s for s in steps) / window) if window > 0 else 0.0
-    sync_frac = _clamp(main.sync_s / window) if window > 0 else 0.0
+    traced_s = max(main.traced_ns[1] - main.traced_ns[0], 0) / 1e9
+    sync_frac = _clamp(main.sync_s / traced_s) if traced_s > 0 else 0.0  # op times cover the traced steps
     batches = sum(r.batches for r in records)
     samples = sum(r.samples for r in records)
     sample_ns = sum(r.sample_ns for r in records)
@@ -154,5 +155,6 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         loader_config=dict(loader_config),
         environment=env,
         sync_frac=sync_frac,
+        traced_steps=main.traced_steps,
         trace_events=tuple(trace_events),
     )

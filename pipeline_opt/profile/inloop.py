@@ -38,7 +38,7 @@ from pipeline_opt.profile.install import (
     shutdown_iteration,
     skip_steps,
 )
-from pipeline_opt.profile.main_profiler import StepProfiler
+from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler, validate_trace_steps
 from pipeline_opt.profile.report import ProfileReport
 
 log = get_logger("profile.inloop")
@@ -58,13 +58,15 @@ class LoopProfiler:
     def __init__(self, loader: Any, model: torch.nn.Module | None = None, steps: int = 30, warmup: int = 5,
                  device: torch.device | str | None = None, output_dir: str | os.PathLike | None = None,
                  worker_profiling: bool = True, record_shapes: bool = False,
-                 tensorboard_dir: str | os.PathLike | None = None) -> None:
+                 tensorboard_dir: str | os.PathLike | None = None,
+                 trace_steps: int | None = DEFAULT_TRACE_STEPS) -> None:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps={steps!r} must be an integer >= 1")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+        validate_trace_steps(trace_steps)
         if model is not None:
             self.device = resolve_device(model, device)
         elif device is not None:
@@ -82,7 +84,8 @@ class LoopProfiler:
                      "steps fit one epoch (some of them may take batches pre-filled by the workers)",
                      n_batches, skip, skip_steps(warmup, self.config), steps)
         self._profiler = StepProfiler(self.device, skip, steps,
-                                      record_shapes=record_shapes, tensorboard_dir=tensorboard_dir)
+                                      record_shapes=record_shapes, tensorboard_dir=tensorboard_dir,
+                                      trace_steps=trace_steps)
         self._loader, self._collector = install_worker_profiling(loader, enabled=worker_profiling)
         self._iterator: Any = None
         self._in_step = False
@@ -187,7 +190,8 @@ def profile_loop(loader: Any, model: torch.nn.Module | None = None, steps: int =
     """A :class:`LoopProfiler` over ``loader`` (see the module docstring; honours ``PERF_BENCH=1``).
 
     ``model`` (or ``device``) tells it where the step runs, so CUDA time is synchronised; extra
-    keyword arguments: ``worker_profiling``, ``record_shapes``, ``tensorboard_dir``.
+    keyword arguments: ``worker_profiling``, ``record_shapes``, ``tensorboard_dir``, ``trace_steps`` (see
+    :func:`pipeline_opt.profile`).
     """
     return LoopProfiler(loader, model=model, steps=steps, warmup=warmup, device=device,
                         output_dir=output_dir, **kwargs)

@@ -3,8 +3,11 @@
 :class:`StepProfiler` is driven by hooks (``before_data`` / ``after_data`` / ``before_h2d`` /
 ``after_h2d`` / ``before_step`` / ``after_step``) so that :func:`run_loop` (``po.profile``) and the
 in-loop profiler share it. It runs ``torch.profiler`` with a wait / warmup / active schedule whose
-active part is exactly the measured window, with ``record_function`` ranges ``data_wait``, ``h2d``
-and ``step``. With ``tensorboard_dir`` the window's trace is also written there in the layout of
+active part is the last ``trace_steps`` steps of the measured window (10 by default, None: all),
+with ``record_function`` ranges ``data_wait``, ``h2d`` and ``step``. Every measured step is timed;
+only the traced ones pay torch.profiler's per-op cost (CPU op records, CUPTI kernel records), so a
+short trace keeps the measured throughput close to the unprofiled loop's; ``trace_steps=0`` runs
+without torch.profiler (no op tables, no CUDA trace, no GPU idle fraction). With ``tensorboard_dir`` the window's trace is also written there in the layout of
 ``torch.profiler.tensorboard_trace_handler`` (``<host>_<pid>.<ns>.pt.trace.json``).
 
 Timing on CUDA never reads a host clock around asynchronous GPU work: the device is synchronised
@@ -44,6 +47,7 @@ from pipeline_opt.report.progress import progress_bar
 log = get_logger("profile.main")
 
 RANGE_NAMES = ("data_wait", "h2d", "step")
+DEFAULT_TRACE_STEPS: int | None = 10  # torch.profiler records the last 10 measured steps
 _IGNORED_OP_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "pipeline_opt::")
 
 
@@ -70,6 +74,8 @@ class MainResult:
     spans: tuple[tuple[str, int, int, int], ...]  # (name, step, t0_ns, t1_ns) on the main thread
     session_ns: tuple[int, int]
     window_ns: tuple[int, int]
+    traced_steps: int  # measured steps torch.profiler recorded (the last ones of the window)
+    traced_ns: tuple[int, int]  # the traced part of the window (0, 0 when nothing was traced)
     torch_events: tuple[dict[str, Any], ...]  # torch.profiler chrome events on the epoch-µs clock
     top_cpu_ops: tuple[OpStat, ...]
     top_cuda_ops: tuple[OpStat, ...]
@@ -94,11 +100,14 @@ class StepProfiler:
     """Times steps on the main thread and drives torch.profiler over the measured window."""
 
     def __init__(self, device: torch.device | str, skip: int, steps: int, *, record_shapes: bool = False,
-                 tensorboard_dir: str | os.PathLike | None = None, top_k: int = 10) -> None:
+                 tensorboard_dir: str | os.PathLike | None = None, top_k: int = 10,
+                 trace_steps: int | None = DEFAULT_TRACE_STEPS) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps={steps!r} must be an integer >= 1")
         if not isinstance(skip, int) or skip < 0:
             raise ValueError(f"skip={skip!r} must be an integer >= 0")
+        validate_trace_steps(trace_steps)
+        self.trace_steps = steps if trace_steps is None else min(trace_steps, steps)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.skip, self.steps, self.top_k = skip, steps, top_k
@@ -114,6 +123,7 @@ class StepProfiler:
         self._spans: list[tuple[str, int, int, int]] = []
         self._session = [0, 0]
         self._window = [0, 0]
+        self._traced = [0, 0]
         self._trace: dict[str, Any] | None = None
         self._key_averages: Any = None
         self._stopped = False
@@ -131,6 +141,11 @@ class StepProfiler:
     @property
     def measuring(self) -> bool:
         return not self.done and self.index >= self.skip
+
+    @property
+    def trace_start(self) -> int:
+        """Loop index of the first step torch.profiler records."""
+        return self.total - self.trace_steps
 
     def _sync(self) -> None:
         if self.cuda:
@@ -157,11 +172,13 @@ class StepProfiler:
         if self._prof is not None or self._stopped:
             return
         self._session[0] = time.time_ns()
+        if self.trace_steps == 0:
+            return
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        warm = 1 if self.skip >= 1 else 0
+        warm = 1 if self.trace_start >= 1 else 0
         with warnings.catch_warnings():  # warmup=0 is the caller's explicit choice (warmup=0, no workers)
             warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            sched = schedule(wait=max(self.skip - warm, 0), warmup=warm, active=self.steps, repeat=1)
+            sched = schedule(wait=max(self.trace_start - warm, 0), warmup=warm, active=self.trace_steps, repeat=1)
         self._prof = torch.profiler.profile(
             activities=activities,
             schedule=sched,
@@ -181,6 +198,8 @@ class StepProfiler:
         if self.index == self.skip:
             self._sync()
             self._window[0] = time.time_ns()
+        if self.index == self.trace_start and self.trace_steps:
+            self._traced[0] = time.time_ns()
         self._cur = _Step(self.index, t_request=time.time_ns())
         self._open("data_wait")
 
@@ -191,6 +210,8 @@ class StepProfiler:
         self._close()
         if self.index == self.skip:
             self._window[0] = 0
+        if self.index == self.trace_start:
+            self._traced[0] = 0
         self._cur = None
 
     def after_data(self, batch: Any) -> None:
@@ -254,6 +275,8 @@ class StepProfiler:
         if self._window[0] and not self._window[1]:
             self._sync()
             self._window[1] = time.time_ns()
+        if self._traced[0] and not self._traced[1]:
+            self._traced[1] = self._window[1] or time.time_ns()
         self._stopped = True
         if self._prof is not None:
             self._prof.stop()
@@ -299,6 +322,8 @@ class StepProfiler:
             spans=tuple(self._spans),
             session_ns=(self._session[0], self._session[1]),
             window_ns=(self._window[0], self._window[1]),
+            traced_steps=len(self._traced_steps()) if self._prof is not None else 0,
+            traced_ns=(self._traced[0], self._traced[1]),
             torch_events=events,
             top_cpu_ops=self._top_ops(by_cuda=False),
             top_cuda_ops=self._top_ops(by_cuda=True) if self.cuda else (),
@@ -332,7 +357,7 @@ class StepProfiler:
         if not self._trace:
             return (), False
         raw = self._trace.get("traceEvents", [])
-        ours = [s.t_request / 1e3 for s in self._measured]
+        ours = [s.t_request / 1e3 for s in self._traced_steps()]
         offset = trace_mod.clock_offset_us(raw, ours, "data_wait", self._trace.get("baseTimeNanoseconds"))
         if offset is None:
             return (), False
@@ -343,7 +368,10 @@ class StepProfiler:
         if not intervals:
             log.warning("the CUDA trace holds no kernels (CUPTI unavailable?); gpu_idle_frac is unknown")
             return None
-        return trace_mod.idle_fraction(intervals, (self._window[0] / 1e3, self._window[1] / 1e3))
+        return trace_mod.idle_fraction(intervals, (self._traced[0] / 1e3, self._traced[1] / 1e3))
+
+    def _traced_steps(self) -> list[_Step]:
+        return [s for s in self._measured if s.index >= self.trace_start]
 
     def _op_rows(self) -> list[OpStat]:
         rows = []
@@ -371,6 +399,14 @@ class StepProfiler:
         rows = [r for r in self._op_rows() if is_sync_op(r.name)]
         rows.sort(key=lambda r: -r.self_cpu_s)
         return sum(r.self_cpu_s for r in rows), tuple(r.name for r in rows if r.self_cpu_s > 0)
+
+
+def validate_trace_steps(trace_steps: object) -> None:
+    """Raise ValueError unless ``trace_steps`` is None or an integer >= 0."""
+    if trace_steps is not None and (isinstance(trace_steps, bool) or not isinstance(trace_steps, int)
+                                    or trace_steps < 0):
+        raise ValueError(f"trace_steps={trace_steps!r} must be None (trace every measured step) or an integer >= 0 "
+                         "(0 = no torch.profiler)")
 
 
 def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.device, profiler: StepProfiler,

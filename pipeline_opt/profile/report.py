@@ -80,6 +80,7 @@ class ProfileReport:
     loader_config: dict[str, Any] = field(default_factory=dict)  # num_workers, pin_memory, ...
     environment: dict[str, Any] = field(default_factory=dict)  # torch version, cpu count, gpu name ...
     sync_frac: float = 0.0  # share of the window in host-device syncs / collectives (self CPU time)
+    traced_steps: int = 0  # measured steps torch.profiler recorded (op tables, GPU idle, sync come from them)
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:

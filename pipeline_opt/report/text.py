@@ -75,7 +75,8 @@ def profile_table(report: Any) -> str:
     n_steps = len(d.get("steps") or ())
     lines = [
         f"pipeline_opt profile  device={d.get('device', '?')}  batch={d.get('batch_size', '?')}  "
-        f"measured steps={n_steps}",
+        f"measured steps={n_steps}" + (f" (torch.profiler traced the last {d['traced_steps']})"
+                                       if d.get("traced_steps") and d["traced_steps"] < n_steps else ""),
         f"  loader      {format_config(d.get('loader_config'))}",
         f"  throughput  {d['throughput']:,.1f} samples/s",
         f"  step time   {_ms(d['step_time_s'])} median   (compute {_ms(d.get('compute_time_s'))})",

@@ -12,7 +12,11 @@ injected numbers. The rules:
   its pooled median, not the noise: a candidate's slow first run (worker start-up) must not make
   every later gain look like noise.
 * A candidate is accepted only when its median beats the incumbent's pooled median by more than
-  ``max(noise, min_gain)``; otherwise the incumbent stays (rollback). A failed candidate (raised,
+  ``max(noise, min_gain, window spread)``, the window spread being half the relative spread of the
+  candidate's windows or of the incumbent's, whichever is larger: after a change of regime (say
+  from CPU-bound decoding to GPU decoding) the baseline's noise no longer describes the pipeline,
+  and a gain smaller than the candidate's own jitter is not a gain. Otherwise the incumbent stays
+  (rollback). A failed candidate (raised,
   worker died, hung) is recorded and rolled back; the search continues.
 * Before returning, the winner and the baseline are measured once more; unless the winner's pooled
   median still beats the baseline's beyond the (updated) noise, the baseline is returned.
@@ -49,15 +53,20 @@ class Evaluator(Protocol):
     def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float: ...
 
 
-def accept(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN) -> tuple[bool, str]:
-    """Whether a candidate median beats the incumbent median beyond the noise; and the sentence why."""
+def accept(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN,
+           spread: float = 0.0) -> tuple[bool, str]:
+    """Whether a candidate median beats the incumbent median beyond the noise; and the sentence why.
+
+    ``spread`` is the half relative spread of the two trials' windows (0 when not considered).
+    """
     if incumbent <= 0:
         return candidate > 0, "the incumbent measured no throughput"
     gain = candidate / incumbent - 1.0
-    threshold = max(noise, min_gain)
+    threshold = max(noise, min_gain, spread)
+    basis = f"noise ±{noise:.1%}, " + (f"window spread ±{spread:.1%}, " if spread else "") + f"minimum {min_gain:.0%}"
     if gain > threshold:
-        return True, f"{gain:+.1%} beats the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
-    return False, f"{gain:+.1%} is within the threshold ±{threshold:.1%} (noise ±{noise:.1%}, minimum {min_gain:.0%})"
+        return True, f"{gain:+.1%} beats the threshold ±{threshold:.1%} ({basis})"
+    return False, f"{gain:+.1%} is within the threshold ±{threshold:.1%} ({basis})"
 
 
 def clear_win(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN) -> bool:
@@ -127,6 +136,12 @@ class Search:
         """Pooled median of every window measured for ``cfg``."""
         windows = [w for m in self.history.get(cfg, ()) for w in m.windows]
         return float(statistics.median(windows)) if windows else 0.0
+
+    def window_spread(self, candidate: Measurement, incumbent: LoaderConfig) -> float:
+        """Half the relative window spread of ``candidate`` or of ``incumbent``'s trials (their median),
+        whichever is larger."""
+        earlier = [x.spread for x in self.history.get(incumbent, ())]
+        return max(candidate.spread, statistics.median(earlier) if earlier else 0.0) / 2
 
     def _update_noise(self) -> None:
         noise = 0.0
@@ -220,7 +235,8 @@ class Search:
         m = self._run(cfg, why)
         if m is None:
             return False
-        ok, verdict = accept(m.median, self.median(incumbent), self.noise, self.min_gain)
+        ok, verdict = accept(m.median, self.median(incumbent), self.noise, self.min_gain,
+                             spread=self.window_spread(m, incumbent))
         tail = f"kept over {incumbent.label()}" if ok else f"rolled back to {incumbent.label()}"
         self._record(cfg, m, ok, f"{why}: {verdict}; {tail}")
         if ok:

@@ -102,3 +102,15 @@ def test_worker_profiling_overhead_is_small():
     ratio = statistics.median(on) / statistics.median(off)
     log.warning("worker profiling overhead: on %s off %s -> ratio %.3f", on, off, ratio)
     assert ratio > 0.8
+
+
+def test_short_trace_still_gives_gpu_idle_and_kernels():
+    model = convnet(width=32, depth=2)
+    loader = DataLoader(Images(n=512), batch_size=32, num_workers=2, pin_memory=True)
+    report = po.profile(loader, model, steps=12, warmup=2, trace_steps=4, limit=False)
+    assert len(report.steps) == 12 and report.traced_steps == 4
+    assert report.gpu_idle_frac is not None and 0.0 <= report.gpu_idle_frac <= 1.0
+    assert report.top_cuda_ops and report.top_cuda_ops[0].self_cuda_s > 0
+    untraced = po.profile(loader, model, steps=6, warmup=2, trace_steps=0, limit=False)
+    assert untraced.gpu_idle_frac is None and untraced.top_cuda_ops == ()
+    assert all(s.compute_s > 0 for s in untraced.steps)

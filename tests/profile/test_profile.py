@@ -277,3 +277,29 @@ def test_device_loader_is_rewrapped_with_its_settings():
     assert report.loader_config["wrapper"] == "DeviceLoader"
     assert len(seen) >= 3 and seen[0][0] == 4  # the user's transform ran on the profiled clone's batches
     assert report.workers[0].samples >= 12
+
+
+def test_trace_steps_limits_torch_profiler_to_the_last_steps():
+    loader = DataLoader(Burn(n=64, ms=0.5), batch_size=4)
+    report = po.profile(loader, tiny_model(), steps=6, warmup=1, limit=False, trace_steps=2)
+    assert len(report.steps) == 6 and report.traced_steps == 2
+    assert report.top_cpu_ops, "the traced steps give the op table"
+    main_pid = os.getpid()
+    torch_waits = sorted(e["ts"] for e in report.trace()["traceEvents"]
+                         if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "user_annotation")
+    ours = sorted(e["ts"] for e in report.trace()["traceEvents"]
+                  if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "step")
+    assert len(ours) >= 6
+    assert len(torch_waits) == 2 and torch_waits[0] >= ours[-2] - 1000.0, "torch.profiler recorded other steps"
+
+
+def test_trace_steps_zero_times_every_step_without_torch_profiler():
+    loader = DataLoader(Burn(n=64, ms=0.5), batch_size=4)
+    report = po.profile(loader, tiny_model(), steps=4, warmup=1, limit=False, trace_steps=0)
+    assert len(report.steps) == 4 and report.throughput > 0
+    assert report.traced_steps == 0 and report.top_cpu_ops == () and report.sync_frac == 0.0
+    assert not any(e.get("cat") == "cpu_op" for e in report.trace()["traceEvents"])
+    with pytest.raises(ValueError, match="trace_steps=-1"):
+        po.profile(loader, tiny_model(), steps=4, trace_steps=-1)
+    with pytest.raises(ValueError, match="trace_steps=True"):
+        po.profile_loop(loader, steps=4, trace_steps=True)

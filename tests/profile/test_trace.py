@@ -72,6 +72,7 @@ def _main_result(t0):
         receipts=(_receipt(0, 0, t0 + 2_000_000), _receipt(1, 1, t0 + 5_000_000)),
         spans=(("data_wait", 0, t0 + 1_000_000, t0 + 2_000_000), ("compute", 0, t0 + 2_000_000, t0 + 4_000_000)),
         session_ns=(t0, t0 + 10_000_000), window_ns=(t0 + 4_000_000, t0 + 7_000_000),
+        traced_steps=1, traced_ns=(t0 + 4_000_000, t0 + 7_000_000),
         torch_events=({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
                       {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": t0 / 1e3 + 3000,
                        "dur": 10}),

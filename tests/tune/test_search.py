@@ -186,3 +186,24 @@ def test_a_clear_win_skips_the_repeats_and_a_profiled_baseline_is_not_measured_a
     assert ev.calls == [LoaderConfig(8)]  # neither the baseline nor the winner measured twice
     assert s.outcome().best == LoaderConfig(8)
     assert any("A B A B" in x and "beyond any noise" in x for x in s.not_tried)
+
+
+def test_a_gain_within_the_candidates_own_window_spread_is_rolled_back():
+    # the baseline is steady (noise ~2%); the candidate is 6% faster but its windows jitter by ±15%
+    class Jittery(FakeEvaluator):
+        def measure(self, cfg, deadline, step_s):
+            m = super().measure(cfg, deadline, step_s)
+            if cfg.prefetch_factor == 1:
+                r = m.median
+                return Measurement(windows=(0.85 * r, r, 1.15 * r), steps_per_window=5, batch_size=8,
+                                   startup_s=0.1, elapsed_s=self.cost_s)
+            return m
+
+    clock = Clock()
+    ev = Jittery(clock, lambda cfg: 106.0 if cfg.prefetch_factor in (1, 4) else 100.0)
+    s = Search(ev, _budget(), deadline=100.0, clock=clock)
+    s.start(LoaderConfig(4))
+    assert not s.try_change("prefetch 2 -> 1", prefetch_factor=1)
+    assert "window spread ±15.0%" in s.trials[-1].reason
+    assert s.try_change("prefetch 2 -> 4", prefetch_factor=4)  # the same gain with steady windows is kept
+    assert s.incumbent == LoaderConfig(4, prefetch_factor=4)
