@@ -186,12 +186,17 @@ def scores_from_trials(trials: Iterable[Any]) -> dict[str, float]:
 def choose_config(proposals: Sequence[tuple[Mapping[str, Any], Mapping[str, float] | None]]) -> tuple[dict, str]:
     """Pick one configuration from every rank's ``(config, scores)`` (index = rank); pure, deterministic.
 
-    Candidates are the configs every rank has a score for; the winner has the highest worst-rank
+    When every rank chose the same configuration, that one wins (each rank's tuner already
+    decided it beyond its noise; the raw scores of the others are within it). Otherwise the
+    candidates are the configs every rank has a score for; the winner has the highest worst-rank
     throughput (ties broken by the canonical key). Without such a candidate, rank 0's config wins.
     Returns ``(config, why)``.
     """
     if not proposals:
         raise ValueError("choose_config needs at least one proposal (one per rank)")
+    keys = {config_key(config) for config, _ in proposals}
+    if len(keys) == 1:
+        return dict(proposals[0][0]), f"every rank chose it ({len(proposals)} ranks)"
     per_rank: list[dict[str, float]] = []
     for config, scores in proposals:
         s = {str(k): float(v) for k, v in (scores or {}).items()}

@@ -16,6 +16,10 @@ Timeline of one ``YOLO(...).train(...)`` with everything on:
   start, the unprofiled loader goes back in. With ``PERF_BENCH=1`` the run ends there with status 0.
 * ``on_train_end`` / ``teardown``: a window cut short by the end of training is reported as far as
   it got; the worker files are removed.
+
+Under ultralytics' DDP launch the same callbacks run in every rank (:mod:`._yolo_ddp`): the
+measurements use the model's inner module, the ranks agree on the augmentation and the loader
+settings, and rank 0 writes the combined profile of all ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from pipeline_opt.integrations._yolo_augment import (
     active_cpu_stages,
     build_gpu_augment,
 )
+from pipeline_opt.integrations._yolo_ddp import (
+    agree_on_augment,
+    ddp_rank,
+    inner_model,
+    overruled,
+    write_combined_profile,
+)
 from pipeline_opt.integrations._yolo_decide import (
     FORCE,
     AugmentDecision,
@@ -47,7 +58,7 @@ from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
 from pipeline_opt.profile.install import describe_loader, install_worker_profiling, skip_steps
-from pipeline_opt.profile.main_profiler import StepProfiler
+from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler
 
 log = get_logger("integrations.ultralytics")
 
@@ -67,6 +78,7 @@ class AttachOptions:
     tune_budget_s: float = 60.0
     steps: int = 30
     warmup: int = 5
+    trace_steps: int = DEFAULT_TRACE_STEPS  # torch.profiler steps after the measured window (0: none)
     workers: int | None = None
     retune_epoch: int | None = None
     sync: bool = True
@@ -82,7 +94,7 @@ class AttachOptions:
             raise ValueError("gpu_affine=True needs gpu_augment=True (the affine runs in the GPU augmentation)")
         if not isinstance(self.tune_budget_s, (int, float)) or self.tune_budget_s <= 0:
             raise ValueError(f"tune_budget_s={self.tune_budget_s!r} must be a positive number of seconds")
-        for name, low in (("steps", 1), ("warmup", 0)):
+        for name, low in (("steps", 1), ("warmup", 0), ("trace_steps", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}={value!r} must be an integer >= {low}")
@@ -118,9 +130,12 @@ def _sized(n: int) -> torch.Tensor:
 class _Run:
     """State of one trainer's run."""
 
-    def __init__(self, trainer: Any, output_dir: str | None) -> None:
+    def __init__(self, trainer: Any, output_dir: str | None, rank: int | None = None) -> None:
         self.trainer = trainer
-        self.out_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
+        self.rank = rank  # the DDP rank, None without DDP
+        self.root_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
+        self.out_dir = self.root_dir if rank is None else self.root_dir / f"rank_{rank}"
+        self.augment_votes: list[bool] | None = None
         self.notes: list[str] = []
         self.augment: GpuAugmentedPreprocess | None = None  # the wrapper built (installed only while active)
         self.switch: AugmentSwitch | None = None
@@ -163,7 +178,7 @@ class YoloIntegration:
 
     # -- setup ---------------------------------------------------------------------------------
     def on_pretrain_routine_start(self, trainer: Any) -> None:
-        self.run = run = _Run(trainer, self.options.output_dir)
+        self.run = run = _Run(trainer, self.options.output_dir, ddp_rank(trainer))
         if self.options.workers is not None:
             log.info("workers: %s -> %d (attach(workers=...))", trainer.args.workers, self.options.workers)
             trainer.args.workers = self.options.workers
@@ -174,8 +189,9 @@ class YoloIntegration:
         run = self._run_for(trainer)
         if run is None:
             return
-        if int(getattr(trainer, "world_size", 0) or 0) > 1:
-            log.warning("pipeline_opt: multi-GPU (DDP) training is not supported by attach(); running unchanged")
+        if int(getattr(trainer, "world_size", 0) or 0) > 1 and run.rank is None:
+            log.warning("pipeline_opt: the trainer has world_size=%s but no torch.distributed process group is "
+                        "initialised in this process; running unchanged", trainer.world_size)
             self.run = None
             return
         opts = self.options
@@ -212,8 +228,13 @@ class YoloIntegration:
         """Measure the GPU augmentation against the CPU stages on trainer steps; keep the faster."""
         t = run.trainer
         log.info("pipeline_opt: measuring the GPU augmentation against the CPU stages (A B A B)")
-        decision = decide_gpu_augment(t.train_loader, t.model, TrainerStep(t), t.device, run.switch,
+        decision = decide_gpu_augment(t.train_loader, inner_model(t.model), TrainerStep(t), t.device, run.switch,
                                       **(self.options.augment_kwargs or {}))
+        if run.rank is not None:
+            everywhere, run.augment_votes = agree_on_augment(decision)
+            if decision.applied and not everywhere:
+                run.switch.set(False)
+                decision = overruled(decision, run.augment_votes)
         run.switch.decision = decision
         run.notes.append(("GPU augmentation kept: " if decision.applied else
                           "GPU augmentation not used (ultralytics' CPU augmentation is as fast or faster): ")
@@ -244,7 +265,8 @@ class YoloIntegration:
             if note not in run.notes:
                 run.notes.append(note)
         log.info("pipeline_opt: tuning the train loader %s (budget %.0f s)", why, self.options.tune_budget_s)
-        result = tune_loader(loader, t.model, TrainerStep(t), t.device, self.options.tune_budget_s,
+        # inside DDP, autotune makes the ranks agree on one configuration (pipeline_opt.distributed_api)
+        result = tune_loader(loader, inner_model(t.model), TrainerStep(t), t.device, self.options.tune_budget_s,
                              **(self.options.tune_kwargs or {}))
         changed = config_changed(loader, result.config)
         if changed:
@@ -266,7 +288,8 @@ class YoloIntegration:
         run.profiled_loader, run.collector = install_worker_profiling(loader)
         run.plain_loader = loader
         t.train_loader = run.profiled_loader
-        run.profiler = StepProfiler(t.device, skip_steps(self.options.warmup, run.loader_config), self.options.steps)
+        run.profiler = StepProfiler(t.device, skip_steps(self.options.warmup, run.loader_config), self.options.steps,
+                                    trace_steps=self.options.trace_steps)
 
     def _close_profiling(self, run: _Run, restore_loader: bool) -> None:
         t = run.trainer
@@ -327,8 +350,11 @@ class YoloIntegration:
         t = run.trainer
         main = run.profiler.result()
         run.report = build_report(main, run.collector.read(), loader_config=run.loader_config, device=t.device,
-                                  model=t.model, limit_throughput=None)
-        run.report.save(run.out_dir)
+                                  model=inner_model(t.model), limit_throughput=None)
+        if run.rank is None:
+            run.report.save(run.out_dir)
+        else:  # a collective: every rank ends its window at the same step
+            write_combined_profile(run.report, run.root_dir, run.rank)
         self._save_summary(run)
         log.info("pipeline_opt: profiled %d training steps: %.1f img/s, data wait %.0f%%, bottleneck %s; "
                  "report in %s", len(run.report.steps), run.report.throughput, 100 * run.report.data_wait_frac,
@@ -348,7 +374,7 @@ class YoloIntegration:
         if run is None:
             return
         if run.profiling:
-            measured = max(0, run.profiler.index - run.profiler.skip)
+            measured = run.profiler.measured_steps
             if measured > 0:
                 log.warning("pipeline_opt: training ended after %d of %d profiled steps; reporting those",
                             measured, self.options.steps)
@@ -387,7 +413,10 @@ class YoloIntegration:
             "profile": None if run.report is None else {"steps": len(run.report.steps),
                                                         "throughput": run.report.throughput,
                                                         "bottleneck": run.report.bottleneck,
-                                                        "saved": str(run.out_dir)},
+                                                        "saved": str(run.out_dir if run.rank is None
+                                                                     else run.root_dir)},
+            "ddp": None if run.rank is None else {"rank": run.rank, "world_size": int(t.world_size),
+                                                  "gpu_augment_votes": run.augment_votes},
             "notes": run.notes,
         }
 

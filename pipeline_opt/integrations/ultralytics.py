@@ -87,6 +87,7 @@ def attach(
     sync: bool = True,
     tune_kwargs: dict[str, Any] | None = None,
     augment_kwargs: dict[str, Any] | None = None,
+    trace_steps: int = 10,
 ) -> YoloIntegration:
     """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
 
@@ -108,7 +109,8 @@ def attach(
             ``integration.json``). ``"force"``: applied without measuring. ``False``: never.
         output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
         tune_budget_s: tuning time budget in seconds.
-        steps, warmup: the profile window.
+        steps, warmup: the profile window; trace_steps: training steps torch.profiler records after
+            it (op tables, CUDA trace, GPU idle; 0: none); the window's numbers are untraced.
         workers: overrides ``trainer.args.workers`` at ``on_pretrain_routine_start``.
         retune_epoch: tune again at the start of that epoch (the model's state is restored after).
         sync: synchronise CUDA at every batch boundary of the profile window, so per-batch host
@@ -117,6 +119,12 @@ def attach(
             ``min_gain``, ``seed``, ``profiler``, ...).
         augment_kwargs: further arguments for :func:`decide_gpu_augment` (``rounds``, ``windows``,
             ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``).
+
+    Multi-GPU: with ultralytics' own DDP launch (``device="0,1"``) the callbacks travel to every
+    rank (ultralytics pickles them with cloudpickle, part of the ``yolo`` extra); each rank measures
+    its own pipeline on the model's inner module, the ranks agree on the GPU augmentation (kept
+    only if it won on every rank) and the loader settings, and rank 0 writes the combined profile
+    of all ranks to ``output_dir`` (each rank's ``integration.json`` and tuning under ``rank_<N>/``).
 
     Returns:
         The :class:`YoloIntegration` whose callbacks were added (its ``run`` holds the state of
@@ -128,7 +136,7 @@ def attach(
                             output_dir=None if output_dir is None else os.fspath(output_dir),
                             tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
                             gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
-                            tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs)
+                            tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs, trace_steps=trace_steps)
     integration = YoloIntegration(options)
     for event, fn in integration.callbacks().items():
         model.add_callback(event, fn)

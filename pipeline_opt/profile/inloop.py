@@ -9,8 +9,8 @@
     prof.close()                    # or use `with po.profile_loop(...) as prof:`
 
 The loader is not modified: ``prof`` iterates a profiled clone of it (same batches, same order).
-After ``warmup`` (and the prefetched batches) ``steps`` steps are measured; afterwards the loop runs
-on with negligible overhead. The skip of prefetched batches is shortened (never below ``warmup``)
+After ``warmup`` (and the prefetched batches) ``steps`` steps are measured, then ``trace_steps``
+steps are traced by torch.profiler; afterwards the loop runs on with negligible overhead. The skip of prefetched batches is shortened (never below ``warmup``)
 when the window would not otherwise fit one epoch of the loader. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
 process once the window is complete: it saves the report to ``output_dir`` (default
 ``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises ``SystemExit(0)``
@@ -33,6 +33,7 @@ from pipeline_opt._step import resolve_device
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.install import (
     describe_loader,
+    epoch_trace_steps,
     install_worker_profiling,
     loop_skip_steps,
     shutdown_iteration,
@@ -78,11 +79,13 @@ class LoopProfiler:
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.config = describe_loader(loader)
         n_batches = _epoch_length(loader)
-        skip = loop_skip_steps(warmup, steps, self.config, n_batches)
+        trace_steps = steps if trace_steps is None else trace_steps
+        skip = loop_skip_steps(warmup, steps, self.config, n_batches, trace_steps)
         if skip < skip_steps(warmup, self.config):
             log.info("the loader has %d batches per epoch: skipping %d steps instead of %d so that the %d measured "
                      "steps fit one epoch (some of them may take batches pre-filled by the workers)",
                      n_batches, skip, skip_steps(warmup, self.config), steps)
+        trace_steps = epoch_trace_steps(trace_steps, skip, steps, n_batches)
         self._profiler = StepProfiler(self.device, skip, steps,
                                       record_shapes=record_shapes, tensorboard_dir=tensorboard_dir,
                                       trace_steps=trace_steps)

@@ -107,18 +107,33 @@ def skip_steps(warmup: int, config: dict[str, Any]) -> int:
     return max(warmup, prefilled)
 
 
-def loop_skip_steps(warmup: int, steps: int, config: dict[str, Any], n_batches: int | None) -> int:
+def loop_skip_steps(warmup: int, steps: int, config: dict[str, Any], n_batches: int | None,
+                    trace_steps: int = 0) -> int:
     """:func:`skip_steps` for a loop the profiler does not drive (it may run a single epoch).
 
-    When ``skip_steps + steps`` exceeds the ``n_batches`` of one epoch, the pre-filled part of the
-    skip is shortened so that the window still fits the first epoch (each new epoch pre-fills the
-    queue again, so crossing into it gains nothing); it never goes below ``warmup``, the caller's
-    explicit choice. ``n_batches=None`` (a loader without ``len``) keeps :func:`skip_steps`.
+    When ``skip_steps + steps`` (+ one traced step when ``trace_steps``) exceeds the ``n_batches`` of
+    one epoch, the pre-filled part of the skip is shortened so that the window (and a trace) still
+    fit the first epoch (each new epoch pre-fills the queue again, so crossing into it gains
+    nothing); it never goes below ``warmup``, the caller's explicit choice. ``n_batches=None`` (a
+    loader without ``len``) keeps :func:`skip_steps`.
     """
     skip = skip_steps(warmup, config)
-    if n_batches is None or skip + steps <= n_batches:
+    need = steps + (1 if trace_steps else 0)
+    if n_batches is None or skip + need <= n_batches:
         return skip
-    return max(warmup, n_batches - steps)
+    return max(warmup, n_batches - need)
+
+
+def epoch_trace_steps(trace_steps: int, skip: int, steps: int, n_batches: int | None) -> int:
+    """``trace_steps`` shortened so that the traced steps stay in the epoch of the measured window: a
+    new epoch restarts the workers (or pre-fills their queues again), which is not what the trace
+    should show. When no batch of that epoch is left, the trace runs into the next epoch instead
+    (a trace is better than none); a loader without ``len`` keeps ``trace_steps``.
+    """
+    if not trace_steps or n_batches is None:
+        return trace_steps
+    room = n_batches - (skip + steps)
+    return min(trace_steps, room) if room >= 1 else trace_steps
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:

@@ -48,6 +48,7 @@ log = get_logger("tune")
 
 PROFILE_STEPS = 8  # enough for batch_cpu_s and the step time; the trials measure the rest
 PROFILE_WARMUP = 2
+PROFILE_TRACE_STEPS = 2
 MIN_TRIAL_TIMEOUT_S = 10.0
 
 Profiler = Callable[..., ProfileReport]
@@ -311,8 +312,11 @@ def _profile(profiler: Profiler, loader: Any, model, step_fn, dev, what: str,
              steps: int = PROFILE_STEPS) -> ProfileReport:
     extra = {}
     try:
-        if "limit" in inspect.signature(profiler).parameters:
+        params = inspect.signature(profiler).parameters
+        if "limit" in params:
             extra["limit"] = False  # the device-resident replay costs seconds the search needs more
+        if "trace_steps" in params:
+            extra["trace_steps"] = PROFILE_TRACE_STEPS  # op tables only; each traced step costs search time
     except (TypeError, ValueError):
         pass
     try:

@@ -115,10 +115,13 @@ class BatchStream:
         it, self._it = self._it, None
         _shutdown(it)
         for dl in _dataloaders_under(self.loader):
-            persistent = getattr(dl, "_iterator", None)
-            if persistent is not None:
-                dl._iterator = None
-                _shutdown(persistent)
+            # a persistent DataLoader's _iterator; ultralytics' InfiniteDataLoader keeps its own in
+            # .iterator (None again = its reset(): a later close() or iteration still works)
+            for attr in ("_iterator", "iterator"):
+                persistent = getattr(dl, attr, None)
+                if persistent is not None and hasattr(persistent, "_shutdown_workers"):
+                    setattr(dl, attr, None)
+                    _shutdown(persistent)
         del it
 
 

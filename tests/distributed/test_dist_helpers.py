@@ -90,6 +90,13 @@ def test_choose_config_maximises_worst_rank_throughput():
     assert choose_config(tie)[0] == choose_config(tie[::-1])[0] == {"num_workers": 1}
 
 
+def test_choose_config_keeps_a_unanimous_choice_over_raw_scores():
+    # both tuners kept 2 workers (4 was within their noise); the raw worst-rank score of 4 is not a reason
+    proposals = [({"num_workers": 2}, {_k(2): 100.0, _k(4): 103.0}), ({"num_workers": 2}, {_k(2): 98.0, _k(4): 101.0})]
+    cfg, why = choose_config(proposals)
+    assert cfg == {"num_workers": 2} and "every rank chose it" in why
+
+
 def test_choose_config_falls_back_to_rank0_without_common_candidates():
     proposals = [({"num_workers": 3}, {_k(3): 1.0}), ({"num_workers": 1}, {_k(1): 9.0})]
     cfg, why = choose_config(proposals)

@@ -106,7 +106,7 @@ def test_worker_profiling_overhead_is_small():
 
 def test_short_trace_still_gives_gpu_idle_and_kernels():
     model = convnet(width=32, depth=2)
-    loader = DataLoader(Images(n=512), batch_size=32, num_workers=2, pin_memory=True)
+    loader = DataLoader(Images(n=1024), batch_size=32, num_workers=2, pin_memory=True)
     report = po.profile(loader, model, steps=12, warmup=2, trace_steps=4, limit=False)
     assert len(report.steps) == 12 and report.traced_steps == 4
     assert report.gpu_idle_frac is not None and 0.0 <= report.gpu_idle_frac <= 1.0

@@ -279,18 +279,27 @@ def test_device_loader_is_rewrapped_with_its_settings():
     assert report.workers[0].samples >= 12
 
 
-def test_trace_steps_limits_torch_profiler_to_the_last_steps():
-    loader = DataLoader(Burn(n=64, ms=0.5), batch_size=4)
+def test_traced_steps_follow_the_untraced_measured_window():
+    loader = DataLoader(Burn(n=64, ms=0.5), batch_size=4)  # 16 batches: 1 skipped + 6 measured + 2 traced
     report = po.profile(loader, tiny_model(), steps=6, warmup=1, limit=False, trace_steps=2)
     assert len(report.steps) == 6 and report.traced_steps == 2
     assert report.top_cpu_ops, "the traced steps give the op table"
+    events = report.trace()["traceEvents"]
     main_pid = os.getpid()
-    torch_waits = sorted(e["ts"] for e in report.trace()["traceEvents"]
-                         if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "user_annotation")
-    ours = sorted(e["ts"] for e in report.trace()["traceEvents"]
-                  if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "step")
-    assert len(ours) >= 6
-    assert len(torch_waits) == 2 and torch_waits[0] >= ours[-2] - 1000.0, "torch.profiler recorded other steps"
+    ours = {e["args"]["step"]: e["ts"] for e in events
+            if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "step"}
+    traced = sorted(e["ts"] for e in events
+                    if e.get("pid") == main_pid and e.get("name") == "data_wait" and e.get("cat") == "user_annotation")
+    last_measured = max(s.index for s in report.steps)
+    assert [s.index for s in report.steps] == list(range(1, 7))
+    assert len(traced) == 2, "torch.profiler recorded other steps than the traced ones"
+    assert traced[0] >= ours[last_measured + 1] - 1000.0  # after the window
+
+
+def test_trace_steps_shrink_to_stay_in_the_epoch_of_the_window():
+    loader = DataLoader(Burn(n=36, ms=0.2), batch_size=4)  # 9 batches: 1 skipped + 6 measured
+    report = po.profile(loader, tiny_model(), steps=6, warmup=1, limit=False)
+    assert len(report.steps) == 6 and report.traced_steps == 2
 
 
 def test_trace_steps_zero_times_every_step_without_torch_profiler():
