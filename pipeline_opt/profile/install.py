@@ -111,14 +111,14 @@ def loop_skip_steps(warmup: int, steps: int, config: dict[str, Any], n_batches: 
                     trace_steps: int = 0) -> int:
     """:func:`skip_steps` for a loop the profiler does not drive (it may run a single epoch).
 
-    When ``skip_steps + steps`` (+ one traced step when ``trace_steps``) exceeds the ``n_batches`` of
-    one epoch, the pre-filled part of the skip is shortened so that the window (and a trace) still
+    When ``skip_steps + steps`` (+ the profiler's warm-up step and one traced step when
+    ``trace_steps``) exceeds the ``n_batches`` of one epoch, the pre-filled part of the skip is shortened so that the window (and a trace) still
     fit the first epoch (each new epoch pre-fills the queue again, so crossing into it gains
     nothing); it never goes below ``warmup``, the caller's explicit choice. ``n_batches=None`` (a
     loader without ``len``) keeps :func:`skip_steps`.
     """
     skip = skip_steps(warmup, config)
-    need = steps + (1 if trace_steps else 0)
+    need = steps + (2 if trace_steps else 0)
     if n_batches is None or skip + need <= n_batches:
         return skip
     return max(warmup, n_batches - need)
@@ -132,7 +132,7 @@ def epoch_trace_steps(trace_steps: int, skip: int, steps: int, n_batches: int | 
     """
     if not trace_steps or n_batches is None:
         return trace_steps
-    room = n_batches - (skip + steps)
+    room = n_batches - (skip + steps) - 1  # the profiler's warm-up step comes first
     return min(trace_steps, room) if room >= 1 else trace_steps
 
 

@@ -4,8 +4,9 @@
 ``after_h2d`` / ``before_step`` / ``after_step``) so that :func:`run_loop` (``po.profile``) and the
 in-loop profiler share it. It runs ``torch.profiler`` with a wait / warmup / active schedule whose
 active part follows the measured window: ``skip`` steps left out, ``steps`` measured steps (timed,
-not traced), then ``trace_steps`` traced steps (10 by default; None: as many as ``steps``; no
-profiler warm-up step: the first traced step's start-up cost is not in any timing) for the op tables, the CUDA trace and the GPU idle fraction, with
+not traced), then one profiler warm-up step (it absorbs torch.profiler's start-up stall, which
+would otherwise show as GPU idle time) and ``trace_steps`` traced steps (10 by default; None: as
+many as ``steps``) for the op tables, the CUDA trace and the GPU idle fraction, with
 ``record_function`` ranges ``data_wait``, ``h2d`` and ``step``. torch.profiler's per-op records cost
 a GPU-bound step about a fifth of its time (measured on the H200), so the reported throughput, step
 times and data wait come from the untraced window only; ``trace_steps=0`` runs without
@@ -29,7 +30,6 @@ import socket
 import statistics
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,8 +139,8 @@ class StepProfiler:
 
     @property
     def total(self) -> int:
-        """Loop steps the session runs: skipped, measured, then traced."""
-        return self.window_end + self.trace_steps
+        """Loop steps the session runs: skipped, measured, then (when tracing) warm-up and traced."""
+        return self.window_end + (1 + self.trace_steps if self.trace_steps else 0)
 
     @property
     def done(self) -> bool:
@@ -159,8 +159,8 @@ class StepProfiler:
 
     @property
     def trace_start(self) -> int:
-        """Loop index of the first step torch.profiler records."""
-        return self.window_end
+        """Loop index of the first step torch.profiler records (after its warm-up step)."""
+        return self.window_end + 1
 
     def _sync(self) -> None:
         if self.cuda:
@@ -190,9 +190,7 @@ class StepProfiler:
         if self.trace_steps == 0:
             return
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        with warnings.catch_warnings():  # no warm-up: the traced steps' timings are not used
-            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            sched = schedule(wait=self.window_end, warmup=0, active=self.trace_steps, repeat=1)
+        sched = schedule(wait=self.window_end, warmup=1, active=self.trace_steps, repeat=1)
         self._prof = torch.profiler.profile(
             activities=activities,
             schedule=sched,

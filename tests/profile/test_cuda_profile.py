@@ -79,7 +79,8 @@ def test_cpu_heavy_samples_on_gpu_are_data_bound():
 
 def test_in_loop_profiler_on_gpu():
     model = convnet(width=32, depth=2)
-    loader = DataLoader(Images(n=256), batch_size=32, num_workers=2, pin_memory=True)
+    # one epoch of 10 batches: 3 skipped, 5 measured, the profiler's warm-up step, 1 traced
+    loader = DataLoader(Images(n=320), batch_size=32, num_workers=2, pin_memory=True)
     with po.profile_loop(loader, model=model, steps=5, warmup=2) as prof:
         for images, _ in prof:
             x = images.cuda(non_blocking=True).float() / 255

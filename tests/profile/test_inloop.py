@@ -72,9 +72,10 @@ def test_one_epoch_loop_measures_all_steps(num_workers, n_batches):
     assert len(report.steps) == 5
     first = report.steps[0].index
     assert [s.index for s in report.steps] == list(range(first, first + 5)) and first + 5 <= n_batches
-    # the pre-fill skip, shortened to leave room for the window and one traced step (never below warmup)
-    assert first == (max(2, min(4, n_batches - 6)) if num_workers else 2)
-    room = n_batches - first - 5  # the traced steps follow the window within the epoch
+    # the pre-fill skip, shortened to leave room for the window, the profiler's warm-up step and one
+    # traced step (never below warmup)
+    assert first == (max(2, min(4, n_batches - 7)) if num_workers else 2)
+    room = n_batches - first - 5 - 1  # the traced steps follow the window and the warm-up step
     assert report.traced_steps == (min(10, room) if room >= 1 else 0)
 
 
@@ -86,8 +87,8 @@ def test_loop_skip_steps_shortens_only_the_prefill_part():
     assert loop_skip_steps(2, 5, config, 7) == 2
     assert loop_skip_steps(2, 5, config, 3) == 2  # never below warmup, even if the window crosses epochs
     assert loop_skip_steps(6, 5, config, 8) == 6
-    assert loop_skip_steps(2, 5, config, 8, trace_steps=10) == 2  # room for one traced step
-    assert loop_skip_steps(2, 5, config, 10, trace_steps=10) == 4
+    assert loop_skip_steps(2, 5, config, 9, trace_steps=10) == 2  # room for warm-up + one traced step
+    assert loop_skip_steps(2, 5, config, 11, trace_steps=10) == 4
 
 
 def test_a_loop_shorter_than_the_window_warns_and_reports_what_it_measured(caplog):
