@@ -211,6 +211,7 @@ class StepProfiler:
             self._sync()
             self._window[0] = time.time_ns()
         if self.index == self.trace_start and self.trace_steps:
+            self._sync()  # work queued before the trace began is not in it: drain it, or it reads as idle
             self._traced[0] = time.time_ns()
         self._cur = _Step(self.index, t_request=time.time_ns())
         self._open("data_wait")
