@@ -275,6 +275,9 @@ class StepProfiler:
         if self.index == self.window_end - 1:
             self._sync()
             self._window[1] = time.time_ns()
+        if self.trace_steps and self.index == self.total - 1:
+            self._sync()  # before prof.step() ends the trace: the traced steps' kernels must have run
+            self._traced[1] = time.time_ns()
         self._cur = None
         self.index += 1
         if self._prof is not None:
