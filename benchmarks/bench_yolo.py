@@ -134,7 +134,8 @@ def integration_candidate(bench: Bench, deadline: H.Deadline) -> H.Candidate:
     result = bench.tune(pipe, time_budget_s=budget)
     info = {"tuning_wall_s": time.perf_counter() - t0, "time_budget_s": budget, "config": result.config,
             "speedup_reported": result.speedup, "noise_reported": getattr(result, "noise", None),
-            "trials": len(result.trials), "cpu_stages_disabled": list(pipe.cpu_stages_disabled)}
+            "trials": len(result.trials), "cpu_stages_disabled": list(pipe.cpu_stages_disabled),
+            "gpu_augment_decision": getattr(result, "gpu_augment", None), "trial_log": H.trial_log(result)}
     pipe.close()  # the tuner measured clones; the pipeline's own loader is not used
     return H.Candidate("integration (tuned, GPU augment if it wins)", lambda: result.loader, bench.stepper(pipe.step_fn),
                        count=_count, meta=info, on_close=_close_loader)

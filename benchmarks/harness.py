@@ -606,6 +606,21 @@ def optional(module: str, *names: str) -> Any:
     return found[0] if len(found) == 1 else tuple(found)
 
 
+def trial_log(result: Any) -> list[str]:
+    """One line per trial of a TuneResult: configuration, throughput, verdict and the reason."""
+    from pipeline_opt.tune.candidates import LoaderConfig
+
+    out = []
+    for t in getattr(result, "trials", ()):
+        try:
+            label = LoaderConfig.from_dict(t.config).label()
+        except (KeyError, TypeError, ValueError):
+            label = str(t.config)
+        what = f"{t.throughput:,.1f}/s ±{t.spread:.0%}" if t.status == "ok" else t.status
+        out.append(f"{label}: {what}, {'accepted' if t.accepted else 'not kept'} - {t.reason}")
+    return out
+
+
 def not_implemented_guard(fn: Callable[[], Row], name: str) -> Row:
     """Run a row function; a NotImplementedError (a placeholder API) becomes a ``missing`` row."""
     try:
