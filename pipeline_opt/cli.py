@@ -125,7 +125,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     loader, model, step_fn = call_factory(args.factory, parse_kwargs(args.arg))
     report = po.profile(loader, model, step_fn=step_fn, steps=args.steps, warmup=args.warmup, device=args.device,
-                        progress=True)
+                        progress=True, trace_steps=args.trace_steps)
     _out(report.table())
     report.save(args.out)
     _out(f"\nreport: {args.out / 'report.html'}; timeline: {args.out / 'trace.json'} (open in https://ui.perfetto.dev)")
@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "profile":
             s.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
             s.add_argument("--warmup", type=int, default=5, help="discarded steps first (default 5)")
+            s.add_argument("--trace-steps", type=int, default=10,
+                           help="steps torch.profiler traces after the measured window (default 10; 0: none)")
         else:
             s.add_argument("--budget", type=float, default=60.0, help="tuning time budget in seconds (default 60)")
             s.add_argument("--no-gpu-transforms", action="store_true", help="never move transforms to the GPU")

@@ -159,11 +159,12 @@ def test_yolo_forwards_every_argument(monkeypatch):
 def test_profile_command_on_user_factory(factory_file, tmp_path, capsys):
     out = tmp_path / "prof"
     rc = cli.main(["-q", "profile", f"{factory_file}:build_with_step", "--arg", "n=96", "--steps", "4",
-                   "--warmup", "1", "--out", str(out)])
+                   "--warmup", "1", "--trace-steps", "2", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "bottleneck:" in text and "samples/s" in text
-    assert (out / "report.html").is_file() and json.loads((out / "report.json").read_text())["throughput"] > 0
+    saved = json.loads((out / "report.json").read_text())
+    assert (out / "report.html").is_file() and saved["throughput"] > 0 and saved["traced_steps"] == 2
 
 
 def test_tune_command_on_user_factory(factory_file, tmp_path, capsys):
