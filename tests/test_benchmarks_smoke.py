@@ -127,15 +127,18 @@ def test_environment_has_commit_versions_and_hardware(monkeypatch):
 # the scripts, end to end on the CPU
 
 
+NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap")
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Run the four scripts once (quick, CPU); returns {name: parsed JSON or the failure}."""
+    """Run the scripts once (quick, CPU); returns {name: parsed JSON or the failure}."""
     base = tmp_path_factory.mktemp("bench")
     out = base / "out"
     env = {**os.environ, "PIPELINE_OPT_CACHE": str(base / "cache"), "PO_COMMIT": "smoke-test",
            "YOLO_CONFIG_DIR": str(base / "yolo_cfg"), "CUDA_VISIBLE_DEVICES": ""}
     found = {}
-    for name in ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead"):
+    for name in NAMES:
         # bench_yolo runs its restricted-cores part as `--cores 1` directly (the child mode), which
         # exercises the same code as the child process at half the cost
         extra = ["--cores", "1"] if name == "bench_yolo" else []
@@ -149,7 +152,6 @@ def results(tmp_path_factory):
     return found
 
 
-NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead")
 
 
 @pytest.mark.slow
@@ -219,3 +221,18 @@ def test_summary_table_and_ledger(results, tmp_path):
     if H.optional("pipeline_opt.report.ledger", "append"):
         lines = [json.loads(x) for x in ledger.read_text().splitlines()]
         assert lines and all(x["throughput"] > 0 and x["commit"] == "smoke-test" for x in lines)
+
+
+@pytest.mark.slow
+def test_yolo_gap_rows_and_cpu_load(results):
+    res = results["bench_yolo_gap"]
+    names = [r["name"] for r in res["rows"]]
+    assert names[0].startswith("limit (replayed") and names[1].startswith("limit + 1 CPU-busy")
+    assert {"cache=ram", "cache=ram + GPU HSV/flip"} <= set(names)
+    busy = res["summary"]["busy cores"]
+    # the busy process is running during its row's windows, and stopped for the others
+    assert busy[names[1]] > busy[names[0]] + 0.3, busy
+    per_step = res["summary"]["train thread CPU s/step"]
+    assert all(v is not None and v > 0 for v in per_step.values()), per_step
+    gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
+    assert "RandomHSV" in gpu_row["meta"]["cpu_stages_disabled"]

@@ -1,0 +1,224 @@
+"""Where the YOLO pipeline loses against its replayed-batch limit: CPU load, decoding, augmentation.
+
+bench_yolo measures the ultralytics pipeline at ~0.65x the limit of the same step on one replayed
+batch while the step waits for data less than 10% of the time: the step itself gets slower when
+the loader runs. This benchmark separates the candidate causes in one interleaved run (YOLO11n,
+640 px, batch 64, bf16, all usable cores), and records for every window the machine's busy cores
+and the training thread's own CPU seconds per step:
+
+    limit                       one pinned batch replayed through the step (as bench_yolo)
+    limit + N CPU-busy procs    the same replay while N processes run worker-like OpenCV work
+                                (JPEG decode + warpAffine of a 640x640 image): the cost of a busy
+                                CPU alone, without any data arriving
+    default                     ultralytics' loader (8 workers), images decoded from disk
+    cache=ram                   the same loader with ultralytics' RAM image cache (no decode)
+    cache=ram + GPU HSV/flip    and ultralytics' CPU HSV / flip done on the GPU (forced)
+
+    python -m benchmarks.bench_yolo_gap --out DIR        # H200: about 3 minutes
+    python -m benchmarks.bench_yolo_gap --quick --device cpu
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/bench_yolo_gap.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import harness as H  # noqa: E402
+from benchmarks.bench_yolo import Bench, _close_loader, _count  # noqa: E402
+from benchmarks.bench_yolo import Sizes as YoloSizes  # noqa: E402
+
+NAME = "bench_yolo_gap"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    yolo: YoloSizes = YoloSizes(min_seconds=3.0)
+    busy_procs: int = 8
+    busy_image: int = 640
+
+
+QUICK = Sizes(yolo=YoloSizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, rounds=2,
+                             budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0),
+              busy_procs=1, busy_image=64)
+
+
+def _busy(stop: Any, size: int) -> None:
+    """Worker-like CPU work until ``stop`` is set: JPEG decode and an affine warp, as Mosaic does."""
+    import cv2
+    import numpy as np
+
+    cv2.setNumThreads(0)
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (size * 3 // 4, size, 3), dtype=np.uint8)
+    img = cv2.GaussianBlur(img, (0, 0), 3)  # photo-like, so the JPEG is not trivially small
+    ok, jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    m = np.array([[0.9, 0.1, 5.0], [-0.1, 0.9, 3.0]], dtype=np.float32)
+    while not stop.is_set():
+        dec = cv2.imdecode(jpeg, cv2.IMREAD_COLOR)
+        cv2.warpAffine(dec, m, (size, size), borderValue=(114, 114, 114))
+
+
+class BusyCPU:
+    """``n`` processes of worker-like CPU work, started by ``start()`` and stopped by ``stop()``."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = n, size
+        self.ctx = mp.get_context("spawn")  # no CUDA state copied into the children
+        self.event = None
+        self.procs: list[Any] = []
+
+    def start(self) -> None:
+        self.event = self.ctx.Event()
+        self.procs = [self.ctx.Process(target=_busy, args=(self.event, self.size), daemon=True)
+                      for _ in range(self.n)]
+        for p in self.procs:
+            p.start()
+        time.sleep(1.0)  # spawned interpreters import cv2 before they load the CPU
+
+    def stop(self) -> None:
+        if self.event is not None:
+            self.event.set()
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self.procs = []
+
+
+class LoadedReplay:
+    """The replayed batch while :class:`BusyCPU` runs (the Candidate's ``fresh`` source)."""
+
+    def __init__(self, batch: dict, busy: BusyCPU) -> None:
+        self.batch, self.busy = batch, busy
+        busy.start()
+
+    def __iter__(self):
+        return H.replay(self.batch)
+
+    def close(self) -> None:
+        self.busy.stop()
+
+
+class ProbedCandidate(H.Candidate):
+    """A Candidate that also records, per window, busy cores and the training thread's CPU s/step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.busy_cores: list[float] = []
+        self.thread_cpu_per_step: list[float] = []
+
+    def window(self, device: Any, **kw: Any) -> H.Window:
+        self.start()
+        c0, t0, wall0 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+        w = super().window(device, **kw)
+        c1, t1, wall1 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+        busy = sum(c1) - sum(c0) - (c1.idle - c0.idle) - (getattr(c1, "iowait", 0) - getattr(c0, "iowait", 0))
+        wall_steps = w.steps + w.discarded
+        self.busy_cores.append(busy / max(wall1 - wall0, 1e-9))  # discarded steps included
+        self.thread_cpu_per_step.append((t1 - t0) / max(wall_steps, 1))
+        return w
+
+    def probe_meta(self) -> dict[str, Any]:
+        def med(xs: list[float]) -> float | None:
+            return statistics.median(xs) if xs else None
+
+        return {"busy_cores_median": med(self.busy_cores), "busy_cores": self.busy_cores,
+                "train_thread_cpu_s_per_step_median": med(self.thread_cpu_per_step),
+                "train_thread_cpu_s_per_step": self.thread_cpu_per_step}
+
+
+def _pinned_batch(bench: Bench) -> dict:
+    it = iter(bench.base.loader)
+    batch = next(it)
+    del it
+    cuda = bench.device.type == "cuda"
+    return {k: (v.pin_memory() if isinstance(v, torch.Tensor) and cuda else v) for k, v in batch.items()}
+
+
+def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
+    batch = _pinned_batch(bench)
+    step = bench.stepper(bench.base.step_fn)
+    busy = BusyCPU(sizes.busy_procs, sizes.busy_image)
+    y = sizes.yolo
+    cached = bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
+                         device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False,
+                         cache="ram")
+    cached_gpu = bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch,
+                             workers=y.default_workers, device=bench.device, amp=bench.amp, plots=False,
+                             close_mosaic=0, pretrained=False, cache="ram", gpu_augment="force")
+    return [
+        ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
+        ProbedCandidate(f"limit + {sizes.busy_procs} CPU-busy processes", lambda: LoadedReplay(batch, busy), step,
+                        count=_count, discard=3, fresh=True, on_close=lambda src: src.close(),
+                        meta={"busy": "cv2 JPEG decode + warpAffine loop per process"}),
+        ProbedCandidate(f"default (ultralytics, workers={y.default_workers})", lambda: bench.base.loader, step,
+                        count=_count, on_close=_close_loader),
+        ProbedCandidate("cache=ram", lambda: cached.loader, bench.stepper(cached.step_fn), count=_count,
+                        on_close=_close_loader),
+        ProbedCandidate("cache=ram + GPU HSV/flip", lambda: cached_gpu.loader, bench.stepper(cached_gpu.step_fn),
+                        count=_count, on_close=_close_loader,
+                        meta={"cpu_stages_disabled": list(cached_gpu.cpu_stages_disabled)}),
+    ]
+
+
+def run(args: Any) -> Path:
+    started = time.monotonic()
+    sizes = QUICK if args.quick else Sizes()
+    y = sizes.yolo
+    if args.rounds:
+        y = replace(y, rounds=args.rounds)
+    if args.budget_s:
+        y = replace(y, budget_s=args.budget_s)
+    sizes = replace(sizes, yolo=y)
+    device = H.pick_device(args.device)
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(args.seed)
+    data_yaml, gen_s = H.yolo_dataset(y.n_train, y.image_size, seed=args.seed)
+    bench = Bench(data_yaml, y, device)
+    cands = candidates(bench, sizes)
+    cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
+    cands[0].busy_cores.clear()
+    cands[0].thread_cpu_per_step.clear()
+    measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,
+                            min_seconds=y.min_seconds, max_seconds=y.max_seconds)
+    for c in cands:
+        c.meta.update(c.probe_meta())
+    rows = H.rows_of(cands, measured)
+    limit = rows[0]
+    rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
+    by = {r.name: r for r in rows}
+    summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(),
+               "vs limit": {r.name: H.ratio(r, limit) for r in rows[1:]},
+               "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
+               "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
+               "cache=ram vs default": H.ratio(by.get("cache=ram"), rows[2])}
+    path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
+                          started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
+                                                   "ddp": False, "amp": bench.amp})
+    print(H.format_table(rows, title=f"{NAME} ({device})"))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = H.common_parser(__doc__.splitlines()[0])
+    args = p.parse_args(argv)
+    H.setup(args)
+    path = run(args)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
