@@ -13,6 +13,10 @@ and the training thread's own CPU seconds per step:
     default                     ultralytics' loader (8 workers), images decoded from disk
     cache=ram                   the same loader with ultralytics' RAM image cache (no decode)
     cache=ram + GPU HSV/flip    and ultralytics' CPU HSV / flip done on the GPU (forced)
+    default, GIL switch 0.2 ms  the default loader with sys.setswitchinterval(0.0002) during its
+                                windows: the training thread waits less for the GIL that the
+                                pin-memory thread holds while it receives and pins batches
+    default, pin_memory=False   the default loader without the pin-memory thread
 
     python -m benchmarks.bench_yolo_gap --out DIR        # H200: about 3 minutes
     python -m benchmarks.bench_yolo_gap --quick --device cpu
@@ -37,13 +41,14 @@ import torch  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 from benchmarks.bench_yolo import Bench, _close_loader, _count  # noqa: E402
 from benchmarks.bench_yolo import Sizes as YoloSizes  # noqa: E402
+from pipeline_opt.loader_clone import clone_loader  # noqa: E402
 
 NAME = "bench_yolo_gap"
 
 
 @dataclass(frozen=True)
 class Sizes:
-    yolo: YoloSizes = YoloSizes(min_seconds=3.0)
+    yolo: YoloSizes = YoloSizes(min_seconds=3.0, budget_s=200.0)
     busy_procs: int = 8
     busy_image: int = 640
 
@@ -114,16 +119,23 @@ class LoadedReplay:
 class ProbedCandidate(H.Candidate):
     """A Candidate that also records, per window, busy cores and the training thread's CPU s/step."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, switch_interval: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.switch_interval = switch_interval
         self.busy_cores: list[float] = []
         self.thread_cpu_per_step: list[float] = []
 
     def window(self, device: Any, **kw: Any) -> H.Window:
         self.start()
-        c0, t0, wall0 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
-        w = super().window(device, **kw)
-        c1, t1, wall1 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+        saved = sys.getswitchinterval()
+        if self.switch_interval is not None:
+            sys.setswitchinterval(self.switch_interval)
+        try:
+            c0, t0, wall0 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+            w = super().window(device, **kw)
+            c1, t1, wall1 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+        finally:
+            sys.setswitchinterval(saved)
         busy = sum(c1) - sum(c0) - (c1.idle - c0.idle) - (getattr(c1, "iowait", 0) - getattr(c0, "iowait", 0))
         wall_steps = w.steps + w.discarded
         self.busy_cores.append(busy / max(wall1 - wall0, 1e-9))  # discarded steps included
@@ -170,6 +182,10 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("cache=ram + GPU HSV/flip", lambda: cached_gpu.loader, bench.stepper(cached_gpu.step_fn),
                         count=_count, on_close=_close_loader,
                         meta={"cpu_stages_disabled": list(cached_gpu.cpu_stages_disabled)}),
+        ProbedCandidate("default, GIL switch 0.2 ms", lambda: clone_loader(bench.base.loader), step, count=_count,
+                        on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
+        ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,
+                        count=_count, on_close=_close_loader),
     ]
 
 

@@ -228,7 +228,7 @@ def test_yolo_gap_rows_and_cpu_load(results):
     res = results["bench_yolo_gap"]
     names = [r["name"] for r in res["rows"]]
     assert names[0].startswith("limit (replayed") and names[1].startswith("limit + 1 CPU-busy")
-    assert {"cache=ram", "cache=ram + GPU HSV/flip"} <= set(names)
+    assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False"} <= set(names)
     busy = res["summary"]["busy cores"]
     # the busy process is running during its row's windows, and stopped for the others
     assert busy[names[1]] > busy[names[0]] + 0.3, busy
