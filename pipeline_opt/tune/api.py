@@ -234,9 +234,12 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         search.skip("nvjpeg decode", why_not)
         return
     inc = search.incumbent
-    workers = min(inc.num_workers, NVJPEG_WORKERS) if inc.num_workers else min(NVJPEG_WORKERS, search.budget.max_workers)
+    # The incumbent's worker count (file reading is cheap, so more workers than needed cost little;
+    # measured on an H200: 2-16 workers equal in one run, 12-16 the best in three others) and pinned
+    # memory, which won at every worker count of those four grids (+5-20%).
+    workers = inc.num_workers or min(NVJPEG_WORKERS, search.budget.max_workers)
     if search.try_change("JPEG decoding on the GPU (nvJPEG)", decode="nvjpeg", gpu_transforms=(),
-                         num_workers=workers):
+                         num_workers=workers, pin_memory=True):
         search.tune_workers("num_workers after GPU decoding")
 
 

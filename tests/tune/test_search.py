@@ -183,9 +183,26 @@ def test_a_clear_win_skips_the_repeats_and_a_profiled_baseline_is_not_measured_a
     s.start(LoaderConfig(2), profiled)
     s.calibrate(LoaderConfig(8), "guess")
     s.confirm()
-    assert ev.calls == [LoaderConfig(8)]  # neither the baseline nor the winner measured twice
+    # the baseline is not measured again; the winner is, once, as the reference of later comparisons
+    assert ev.calls == [LoaderConfig(8), LoaderConfig(8)]
     assert s.outcome().best == LoaderConfig(8)
     assert any("A B A B" in x and "beyond any noise" in x for x in s.not_tried)
+    assert "the incumbent every later candidate is compared with" in s.trials[-1].reason
+
+
+def test_a_lucky_first_trial_of_a_clear_winner_does_not_block_a_real_gain():
+    # the first guess's first trial reads 2,800/s; it really runs at 2,000/s; the candidate at 2,300/s
+    # is a real +15% that the single lucky trial (-18%) would have rejected
+    def rate(cfg):
+        return {2: 100.0, 8: 2000.0}.get(cfg.num_workers, 2300.0)
+
+    s, ev = _search(rate, jitter=[0.0, 0.4])  # baseline exact, the guess's first trial +40%
+    s.start(LoaderConfig(2))
+    s.calibrate(LoaderConfig(8), "guess")
+    assert s.incumbent == LoaderConfig(8)
+    assert s.try_change("nvjpeg", num_workers=6)
+    assert s.incumbent == LoaderConfig(6)
+    assert "kept over workers=8" in s.trials[-1].reason
 
 
 def test_a_gain_within_the_candidates_own_window_spread_is_rolled_back():
