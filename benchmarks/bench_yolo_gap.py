@@ -7,6 +7,9 @@ the loader runs. This benchmark separates the candidate causes in one interleave
 and the training thread's own CPU seconds per step:
 
     limit                       one pinned batch replayed through the step (as bench_yolo)
+    replay of 16 batches        16 consecutive real batches, pinned, replayed in turn: what the
+                                step costs on batches that differ (box counts, so the loss's
+                                target shapes), with no loader running
     limit + N CPU-busy procs    the same replay while N processes run worker-like OpenCV work
                                 (JPEG decode + warpAffine of a 640x640 image): the cost of a busy
                                 CPU alone, without any data arriving
@@ -20,6 +23,7 @@ and the training thread's own CPU seconds per step:
 
     python -m benchmarks.bench_yolo_gap --out DIR        # H200: about 3 minutes
     python -m benchmarks.bench_yolo_gap --quick --device cpu
+    python -m benchmarks.bench_yolo_gap --rows replay,default     # the limit and those rows only
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ class Sizes:
     yolo: YoloSizes = YoloSizes(min_seconds=3.0, budget_s=200.0)
     busy_procs: int = 8
     busy_image: int = 640
+    ring_batches: int = 16
 
 
 QUICK = Sizes(yolo=YoloSizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, rounds=2,
                              budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0),
-              busy_procs=1, busy_image=64)
+              busy_procs=1, busy_image=64, ring_batches=3)
 
 
 def _busy(stop: Any, size: int) -> None:
@@ -151,42 +156,77 @@ class ProbedCandidate(H.Candidate):
                 "train_thread_cpu_s_per_step": self.thread_cpu_per_step}
 
 
-def _pinned_batch(bench: Bench) -> dict:
+def _pinned_batches(bench: Bench, n: int) -> list[dict]:
+    """``n`` consecutive real batches of the default loader, pinned (on CUDA)."""
     it = iter(bench.base.loader)
-    batch = next(it)
+    batches = [next(it) for _ in range(n)]
     del it
     cuda = bench.device.type == "cuda"
-    return {k: (v.pin_memory() if isinstance(v, torch.Tensor) and cuda else v) for k, v in batch.items()}
+    return [{k: (v.pin_memory() if isinstance(v, torch.Tensor) and cuda else v) for k, v in b.items()}
+            for b in batches]
+
+
+def _ring(batches: list[dict]) -> Any:
+    """An endless iterator over ``batches`` in turn."""
+    while True:
+        yield from batches
+
+
+class _Lazy:
+    """A pipeline built the first time it is asked for (rows not selected cost nothing)."""
+
+    def __init__(self, build: Any) -> None:
+        self.build, self.value = build, None
+
+    def __call__(self) -> Any:
+        if self.value is None:
+            self.value = self.build()
+        return self.value
 
 
 def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
-    batch = _pinned_batch(bench)
+    batches = _pinned_batches(bench, sizes.ring_batches)
+    batch = batches[0]
     step = bench.stepper(bench.base.step_fn)
     busy = BusyCPU(sizes.busy_procs, sizes.busy_image)
     y = sizes.yolo
-    cached = bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
-                         device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False,
-                         cache="ram")
-    cached_gpu = bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch,
-                             workers=y.default_workers, device=bench.device, amp=bench.amp, plots=False,
-                             close_mosaic=0, pretrained=False, cache="ram", gpu_augment="force")
+
+    def build(**kw: Any) -> Any:
+        return bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
+                           device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False, **kw)
+
+    cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
+        ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
+                        count=_count, discard=3,
+                        meta={"what": "consecutive real batches of the default loader, pinned, replayed in turn"}),
         ProbedCandidate(f"limit + {sizes.busy_procs} CPU-busy processes", lambda: LoadedReplay(batch, busy), step,
                         count=_count, discard=3, fresh=True, on_close=lambda src: src.close(),
                         meta={"busy": "cv2 JPEG decode + warpAffine loop per process"}),
         ProbedCandidate(f"default (ultralytics, workers={y.default_workers})", lambda: bench.base.loader, step,
                         count=_count, on_close=_close_loader),
-        ProbedCandidate("cache=ram", lambda: cached.loader, bench.stepper(cached.step_fn), count=_count,
-                        on_close=_close_loader),
-        ProbedCandidate("cache=ram + GPU HSV/flip", lambda: cached_gpu.loader, bench.stepper(cached_gpu.step_fn),
-                        count=_count, on_close=_close_loader,
-                        meta={"cpu_stages_disabled": list(cached_gpu.cpu_stages_disabled)}),
+        ProbedCandidate("cache=ram", lambda: cached().loader, lambda b: bench.stepper(cached().step_fn)(b),
+                        count=_count, on_close=_close_loader),
+        ProbedCandidate("cache=ram + GPU HSV/flip", lambda: cached_gpu().loader,
+                        lambda b: bench.stepper(cached_gpu().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}),
         ProbedCandidate("default, GIL switch 0.2 ms", lambda: clone_loader(bench.base.loader), step, count=_count,
                         on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
         ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,
                         count=_count, on_close=_close_loader),
     ]
+
+
+def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandidate]:
+    """The limit row and the rows whose names start with one of the comma-separated ``rows``."""
+    if not rows:
+        return cands
+    wanted = [w.strip() for w in rows.split(",") if w.strip()]
+    picked = [c for c in cands[1:] if any(c.name.startswith(w) for w in wanted)]
+    if not picked:
+        raise SystemExit(f"--rows {rows!r} matches no row; the rows are: {[c.name for c in cands]}")
+    return [cands[0], *picked]
 
 
 def run(args: Any) -> Path:
@@ -203,7 +243,7 @@ def run(args: Any) -> Path:
     torch.manual_seed(args.seed)
     data_yaml, gen_s = H.yolo_dataset(y.n_train, y.image_size, seed=args.seed)
     bench = Bench(data_yaml, y, device)
-    cands = candidates(bench, sizes)
+    cands = select(candidates(bench, sizes), args.rows)
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
     cands[0].busy_cores.clear()
     cands[0].thread_cpu_per_step.clear()
@@ -215,11 +255,12 @@ def run(args: Any) -> Path:
     limit = rows[0]
     rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
     by = {r.name: r for r in rows}
+    default_name = f"default (ultralytics, workers={y.default_workers})"
     summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(),
                "vs limit": {r.name: H.ratio(r, limit) for r in rows[1:]},
                "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
                "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
-               "cache=ram vs default": H.ratio(by.get("cache=ram"), rows[2])}
+               "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name))}
     path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                           started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
                                                    "ddp": False, "amp": bench.amp})
@@ -229,6 +270,7 @@ def run(args: Any) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = H.common_parser(__doc__.splitlines()[0])
+    p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
     args = p.parse_args(argv)
     H.setup(args)
     path = run(args)
