@@ -227,11 +227,12 @@ def test_summary_table_and_ledger(results, tmp_path):
 def test_yolo_gap_rows_and_cpu_load(results):
     res = results["bench_yolo_gap"]
     names = [r["name"] for r in res["rows"]]
-    assert names[0].startswith("limit (replayed") and names[1].startswith("limit + 1 CPU-busy")
+    assert names[0].startswith("limit (replayed") and names[1].startswith("replay of 3 distinct")
+    assert names[2].startswith("limit + 1 CPU-busy")
     assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False"} <= set(names)
     busy = res["summary"]["busy cores"]
     # the busy process is running during its row's windows, and stopped for the others
-    assert busy[names[1]] > busy[names[0]] + 0.3, busy
+    assert busy[names[2]] > busy[names[0]] + 0.3, busy
     per_step = res["summary"]["train thread CPU s/step"]
     assert all(v is not None and v > 0 for v in per_step.values()), per_step
     gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
