@@ -20,6 +20,9 @@ and the training thread's own CPU seconds per step:
                                 windows: the training thread waits less for the GIL that the
                                 pin-memory thread holds while it receives and pins batches
     default, pin_memory=False   the default loader without the pin-memory thread
+    ring + loader drained       the 16-batch replay while the default loader runs and every step
+                                also takes (and drops) one batch from it: the cost of receiving
+                                batches (pin-memory thread, unpickling) without training on them
 
     python -m benchmarks.bench_yolo_gap --out DIR        # H200: about 3 minutes
     python -m benchmarks.bench_yolo_gap --quick --device cpu
@@ -172,6 +175,28 @@ def _ring(batches: list[dict]) -> Any:
         yield from batches
 
 
+class DrainedRing:
+    """Replays ``batches`` in turn while taking (and dropping) one batch of ``loader`` per step."""
+
+    def __init__(self, loader: Any, batches: list[dict]) -> None:
+        self.loader, self.batches = loader, batches
+        self.drained = 0
+
+    def __iter__(self):
+        it = iter(self.loader)
+        for batch in _ring(self.batches):
+            try:
+                next(it)
+            except StopIteration:
+                it = iter(self.loader)
+                next(it)
+            self.drained += 1
+            yield batch
+
+    def close(self) -> None:
+        _close_loader(self.loader)
+
+
 class _Lazy:
     """A pipeline built the first time it is asked for (rows not selected cost nothing)."""
 
@@ -215,6 +240,10 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
         ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,
                         count=_count, on_close=_close_loader),
+        ProbedCandidate(f"ring + loader drained (replay of {len(batches)}, default loader running)",
+                        lambda: DrainedRing(clone_loader(bench.base.loader), batches), step, count=_count,
+                        on_close=lambda src: src.close(),
+                        meta={"what": "each step takes and drops one batch of the default loader, trains on the ring"}),
     ]
 
 

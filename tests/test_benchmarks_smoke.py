@@ -230,6 +230,8 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert names[0].startswith("limit (replayed") and names[1].startswith("replay of 3 distinct")
     assert names[2].startswith("limit + 1 CPU-busy")
     assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False"} <= set(names)
+    drained = next(r for r in res["rows"] if r["name"].startswith("ring + loader drained"))
+    assert drained["throughput"] > 0 and "drops one batch" in drained["meta"]["what"]
     busy = res["summary"]["busy cores"]
     # the busy process is running during its row's windows, and stopped for the others
     assert busy[names[2]] > busy[names[0]] + 0.3, busy
