@@ -23,6 +23,14 @@ and the training thread's own CPU seconds per step:
     ring + loader drained       the 16-batch replay while the default loader runs and every step
                                 also takes (and drops) one batch from it: the cost of receiving
                                 batches (pin-memory thread, unpickling) without training on them
+    ... drained, pin_memory=False   the same without the pin-memory thread (the training thread
+                                receives the batches itself and drops them unpinned)
+    ... drained, file_system    the same with torch's file_system sharing strategy in the workers
+                                (shared-memory files by name instead of passed descriptors)
+
+With --sample, a thread samples every Python thread's innermost frame every 2 ms during every
+window (the counts go into each row's meta): where the training thread and the pin-memory thread
+spend their wall time.
 
     python -m benchmarks.bench_yolo_gap --out DIR        # H200: about 3 minutes
     python -m benchmarks.bench_yolo_gap --quick --device cpu
@@ -124,12 +132,64 @@ class LoadedReplay:
         self.busy.stop()
 
 
+def _where(frame: Any) -> str:
+    code = frame.f_code
+    return f"{'/'.join(Path(code.co_filename).parts[-2:])}:{frame.f_lineno} {code.co_name}"
+
+
+class StackSampler:
+    """Samples every other Python thread's innermost frame every ``interval`` seconds.
+
+    A sample of a thread blocked in a C call (a CUDA launch, a queue wait, a GIL re-acquire) shows
+    the Python line that made the call, so the counts say where each thread's wall time goes.
+    """
+
+    def __init__(self, interval: float = 0.002, top: int = 12) -> None:
+        import collections
+        import threading
+
+        self.interval, self.top = interval, top
+        self._threading = threading
+        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: Any = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = self._threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        own = self._threading.get_ident()
+        main = self._threading.main_thread().ident
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in self._threading.enumerate()}
+            for tid, frame in sys._current_frames().items():
+                if tid == own:
+                    continue
+                name = "training thread" if tid == main else f"{names.get(tid, 'thread')} #{tid % 100000}"
+                self.counts[name][_where(frame)] += 1
+            self.samples += 1
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        n = max(self.samples, 1)
+        return {"samples": self.samples, "interval_s": self.interval,
+                "threads": {name: [[where, round(k / n, 4)] for where, k in c.most_common(self.top)]
+                            for name, c in self.counts.items()}}
+
+
 class ProbedCandidate(H.Candidate):
     """A Candidate that also records, per window, busy cores and the training thread's CPU s/step."""
 
     def __init__(self, *args: Any, switch_interval: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.switch_interval = switch_interval
+        self.sample = False
+        self.stacks: list[dict[str, Any]] = []
         self.busy_cores: list[float] = []
         self.thread_cpu_per_step: list[float] = []
 
@@ -138,12 +198,17 @@ class ProbedCandidate(H.Candidate):
         saved = sys.getswitchinterval()
         if self.switch_interval is not None:
             sys.setswitchinterval(self.switch_interval)
+        sampler = StackSampler() if self.sample else None
         try:
+            if sampler is not None:
+                sampler.start()
             c0, t0, wall0 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
             w = super().window(device, **kw)
             c1, t1, wall1 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
         finally:
             sys.setswitchinterval(saved)
+            if sampler is not None:
+                self.stacks.append(sampler.stop())
         busy = sum(c1) - sum(c0) - (c1.idle - c0.idle) - (getattr(c1, "iowait", 0) - getattr(c0, "iowait", 0))
         wall_steps = w.steps + w.discarded
         self.busy_cores.append(busy / max(wall1 - wall0, 1e-9))  # discarded steps included
@@ -155,6 +220,7 @@ class ProbedCandidate(H.Candidate):
             return statistics.median(xs) if xs else None
 
         return {"busy_cores_median": med(self.busy_cores), "busy_cores": self.busy_cores,
+                **({"stacks": self.stacks} if self.stacks else {}),
                 "train_thread_cpu_s_per_step_median": med(self.thread_cpu_per_step),
                 "train_thread_cpu_s_per_step": self.thread_cpu_per_step}
 
@@ -209,6 +275,19 @@ class _Lazy:
         return self.value
 
 
+def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
+    """A clone of ultralytics' InfiniteDataLoader ``loader`` whose workers start under torch's
+    ``strategy`` for sharing tensors (it starts them in its constructor, while the strategy is set)."""
+    import torch.multiprocessing as tmp
+
+    saved = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy(strategy)
+    try:
+        return clone_loader(loader, **kw)
+    finally:
+        tmp.set_sharing_strategy(saved)
+
+
 def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     batches = _pinned_batches(bench, sizes.ring_batches)
     batch = batches[0]
@@ -244,14 +323,22 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         lambda: DrainedRing(clone_loader(bench.base.loader), batches), step, count=_count,
                         on_close=lambda src: src.close(),
                         meta={"what": "each step takes and drops one batch of the default loader, trains on the ring"}),
+        ProbedCandidate("ring + loader drained, pin_memory=False",
+                        lambda: DrainedRing(clone_loader(bench.base.loader, pin_memory=False), batches), step,
+                        count=_count, on_close=lambda src: src.close()),
+        ProbedCandidate("ring + loader drained, file_system sharing",
+                        lambda: DrainedRing(_clone_sharing(bench.base.loader, "file_system"), batches), step,
+                        count=_count, on_close=lambda src: src.close(),
+                        meta={"sharing_strategy": "file_system"}),
     ]
 
 
 def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandidate]:
-    """The limit row and the rows whose names start with one of the comma-separated ``rows``."""
+    """The limit row and the rows whose names start with one of the comma-separated ``rows``
+    (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted)."""
     if not rows:
         return cands
-    wanted = [w.strip() for w in rows.split(",") if w.strip()]
+    wanted = [w.strip().replace("_", " ") for w in rows.split(",") if w.strip()]
     picked = [c for c in cands[1:] if any(c.name.startswith(w) for w in wanted)]
     if not picked:
         raise SystemExit(f"--rows {rows!r} matches no row; the rows are: {[c.name for c in cands]}")
@@ -273,9 +360,12 @@ def run(args: Any) -> Path:
     data_yaml, gen_s = H.yolo_dataset(y.n_train, y.image_size, seed=args.seed)
     bench = Bench(data_yaml, y, device)
     cands = select(candidates(bench, sizes), args.rows)
+    for c in cands:
+        c.sample = args.sample
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
     cands[0].busy_cores.clear()
     cands[0].thread_cpu_per_step.clear()
+    cands[0].stacks.clear()
     measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,
                             min_seconds=y.min_seconds, max_seconds=y.max_seconds)
     for c in cands:
@@ -300,6 +390,7 @@ def run(args: Any) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = H.common_parser(__doc__.splitlines()[0])
     p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
+    p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
     args = p.parse_args(argv)
     H.setup(args)
     path = run(args)
