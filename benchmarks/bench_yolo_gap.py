@@ -13,6 +13,9 @@ and the training thread's own CPU seconds per step:
     limit + N CPU-busy procs    the same replay while N processes run worker-like OpenCV work
                                 (JPEG decode + warpAffine of a 640x640 image): the cost of a busy
                                 CPU alone, without any data arriving
+    limit + N dataset procs     the same replay while N forked processes run the loader's own
+                                dataset[i] in a loop and drop the results: the workers' work
+                                (and memory traffic) without any batch delivered
     default                     ultralytics' loader (8 workers), images decoded from disk
     cache=ram                   the same loader with ultralytics' RAM image cache (no decode)
     cache=ram + GPU HSV/flip    and ultralytics' CPU HSV / flip done on the GPU (forced)
@@ -116,6 +119,37 @@ class BusyCPU:
                 p.kill()
                 p.join(timeout=5)
         self.procs = []
+
+
+def _run_dataset(stop: Any, dataset: Any, start: int, step: int) -> None:
+    """A loader worker's work without the delivery: ``dataset[i]`` in a loop, results dropped."""
+    import cv2
+
+    cv2.setNumThreads(0)
+    torch.set_num_threads(1)
+    i = start
+    while not stop.is_set():
+        dataset[i % len(dataset)]
+        i += step
+
+
+class DatasetBusy(BusyCPU):
+    """``n`` forked processes running the loader's own ``dataset.__getitem__`` (Mosaic, affine, HSV,
+    decoding...) as fast as they can, delivering nothing: the workers' CPU and memory traffic without
+    shared-memory batches, pinning or unpickling in the training process."""
+
+    def __init__(self, n: int, dataset: Any) -> None:
+        super().__init__(n, 0)
+        self.ctx = mp.get_context("fork")  # as the loader's workers (no CUDA call in the children)
+        self.dataset = dataset
+
+    def start(self) -> None:
+        self.event = self.ctx.Event()
+        self.procs = [self.ctx.Process(target=_run_dataset, args=(self.event, self.dataset, k, self.n), daemon=True)
+                      for k in range(self.n)]
+        for p in self.procs:
+            p.start()
+        time.sleep(1.0)
 
 
 class LoadedReplay:
@@ -308,6 +342,10 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate(f"limit + {sizes.busy_procs} CPU-busy processes", lambda: LoadedReplay(batch, busy), step,
                         count=_count, discard=3, fresh=True, on_close=lambda src: src.close(),
                         meta={"busy": "cv2 JPEG decode + warpAffine loop per process"}),
+        ProbedCandidate(f"limit + {y.default_workers} dataset processes",
+                        lambda: LoadedReplay(batch, DatasetBusy(y.default_workers, bench.base.loader.dataset)), step,
+                        count=_count, discard=3, fresh=True, on_close=lambda src: src.close(),
+                        meta={"busy": "dataset[i] in a loop per forked process, results dropped"}),
         ProbedCandidate(f"default (ultralytics, workers={y.default_workers})", lambda: bench.base.loader, step,
                         count=_count, on_close=_close_loader),
         ProbedCandidate("cache=ram", lambda: cached().loader, lambda b: bench.stepper(cached().step_fn)(b),
