@@ -45,7 +45,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import statistics
 import sys
+import threading
 import time
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -102,10 +104,14 @@ class BusyCPU:
         self.event = None
         self.procs: list[Any] = []
 
+    def process_args(self, k: int) -> tuple[Any, tuple]:
+        """The target and arguments of the ``k``-th process."""
+        return _busy, (self.event, self.size)
+
     def start(self) -> None:
         self.event = self.ctx.Event()
-        self.procs = [self.ctx.Process(target=_busy, args=(self.event, self.size), daemon=True)
-                      for _ in range(self.n)]
+        self.procs = [self.ctx.Process(target=target, args=args, daemon=True)
+                      for target, args in map(self.process_args, range(self.n))]
         for p in self.procs:
             p.start()
         time.sleep(1.0)  # spawned interpreters import cv2 before they load the CPU
@@ -143,13 +149,8 @@ class DatasetBusy(BusyCPU):
         self.ctx = mp.get_context("fork")  # as the loader's workers (no CUDA call in the children)
         self.dataset = dataset
 
-    def start(self) -> None:
-        self.event = self.ctx.Event()
-        self.procs = [self.ctx.Process(target=_run_dataset, args=(self.event, self.dataset, k, self.n), daemon=True)
-                      for k in range(self.n)]
-        for p in self.procs:
-            p.start()
-        time.sleep(1.0)
+    def process_args(self, k: int) -> tuple[Any, tuple]:
+        return _run_dataset, (self.event, self.dataset, k, self.n)
 
 
 class LoadedReplay:
@@ -179,26 +180,22 @@ class StackSampler:
     """
 
     def __init__(self, interval: float = 0.002, top: int = 12) -> None:
-        import collections
-        import threading
-
         self.interval, self.top = interval, top
-        self._threading = threading
-        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.counts: dict[str, Counter] = defaultdict(Counter)
         self.samples = 0
         self._stop = threading.Event()
-        self._thread: Any = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = self._threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        own = self._threading.get_ident()
-        main = self._threading.main_thread().ident
+        own = threading.get_ident()
+        main = threading.main_thread().ident
         while not self._stop.wait(self.interval):
-            names = {t.ident: t.name for t in self._threading.enumerate()}
+            names = {t.ident: t.name for t in threading.enumerate()}
             for tid, frame in sys._current_frames().items():
                 if tid == own:
                     continue
@@ -249,6 +246,12 @@ class ProbedCandidate(H.Candidate):
         self.thread_cpu_per_step.append((t1 - t0) / max(wall_steps, 1))
         return w
 
+    def reset_probes(self) -> None:
+        """Forget what earlier windows recorded (after a warm-up window)."""
+        self.busy_cores.clear()
+        self.thread_cpu_per_step.clear()
+        self.stacks.clear()
+
     def probe_meta(self) -> dict[str, Any]:
         def med(xs: list[float]) -> float | None:
             return statistics.median(xs) if xs else None
@@ -280,7 +283,6 @@ class DrainedRing:
 
     def __init__(self, loader: Any, batches: list[dict]) -> None:
         self.loader, self.batches = loader, batches
-        self.drained = 0
 
     def __iter__(self):
         it = iter(self.loader)
@@ -290,7 +292,6 @@ class DrainedRing:
             except StopIteration:
                 it = iter(self.loader)
                 next(it)
-            self.drained += 1
             yield batch
 
     def close(self) -> None:
@@ -401,9 +402,7 @@ def run(args: Any) -> Path:
     for c in cands:
         c.sample = args.sample
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
-    cands[0].busy_cores.clear()
-    cands[0].thread_cpu_per_step.clear()
-    cands[0].stacks.clear()
+    cands[0].reset_probes()
     measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,
                             min_seconds=y.min_seconds, max_seconds=y.max_seconds)
     for c in cands:
