@@ -12,6 +12,8 @@ Rows (each at all usable cores and at 8 cores; the 8-core part runs in a child p
 affinity is set before torch starts, so every thread and worker inherits it)
     limit         one pinned batch replayed through the step (the data pipeline removed)
     default       ultralytics' loader as the trainer builds it (workers=8)
+    shared slots  the same loader settings, images delivered through pipeline_opt's reused
+                  page-locked worker buffers (pipeline_opt.shared_slots), untuned
     integration   pipeline_opt's ultralytics integration: tuned loader + GPU augmentation
 The three are measured in interleaved rounds (alternating order); medians and spreads are reported.
 
@@ -63,7 +65,7 @@ class Sizes:
     restricted_cores: int = 8
     tune_budget_s: float = 45.0
     rounds: int = 3
-    budget_s: float = 150.0  # per core setting
+    budget_s: float = 180.0  # per core setting
     min_steps: int = 8
     min_seconds: float = 2.0
     max_seconds: float = 8.0
@@ -141,6 +143,27 @@ def integration_candidate(bench: Bench, deadline: H.Deadline) -> H.Candidate:
                        count=_count, meta=info, on_close=_close_loader)
 
 
+SLOTS_ROW = "default + shared slots"
+
+
+def slots_candidate(bench: Bench) -> H.Candidate:
+    """The default loader's settings, images through reused page-locked worker buffers (no tuning)."""
+    from pipeline_opt.transforms import DeviceLoader
+
+    cand = H.Candidate(SLOTS_ROW, lambda: DeviceLoader(bench.base.loader, device=bench.device,
+                                                       reuse_buffers=True),
+                       bench.stepper(bench.base.step_fn), count=_count,
+                       meta={"workers": bench.base.loader.num_workers})
+
+    def close(loader: Any) -> None:
+        stats = loader.slot_stats()
+        cand.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
+        loader.close()
+
+    cand.on_close = close
+    return cand
+
+
 def _close_loader(loader: Any) -> None:
     """Shut an InfiniteDataLoader's persistent workers down (it keeps its own iterator)."""
     close = getattr(loader, "close", None)
@@ -159,6 +182,7 @@ def run_part(args: Any, sizes: Sizes, device: torch.device, suffix: str) -> tupl
     cands = [limit, H.Candidate(f"default (ultralytics, workers={sizes.default_workers})", lambda: bench.base.loader,
                                 bench.stepper(bench.base.step_fn), count=_count,
                                 meta={"workers": bench.base.loader.num_workers}, on_close=_close_loader)]
+    cands.append(slots_candidate(bench))
     rows: list[H.Row] = []
     info: dict[str, Any] = {"dataset_generation_s": gen_s, "cores": H.usable_cores()}
     try:
@@ -184,14 +208,17 @@ def summarize(rows: list[H.Row], suffixes: list[str]) -> dict[str, Any]:
         limit = by.get(f"limit (replayed pinned batch) @{sfx}")
         default = next((r for n, r in by.items() if n.startswith("default") and n.endswith(f"@{sfx}")), None)
         integ = by.get(f"integration (tuned, GPU augment if it wins) @{sfx}")
+        slots = by.get(f"{SLOTS_ROW} @{sfx}")
         x_limit = H.ratio(integ, limit)
         d_limit = H.ratio(default, limit)
-        noise = max((r.stats["spread"] for r in (limit, default, integ) if r is not None and r.status == "ok"),
+        noise = max((r.stats["spread"] for r in (limit, default, integ, slots) if r is not None and r.status == "ok"),
                     default=None)
         out[sfx] = {
             "integration_vs_limit": x_limit,
             "default_vs_limit": d_limit,
             "integration_vs_default": H.ratio(integ, default),
+            "shared_slots_vs_limit": H.ratio(slots, limit),
+            "shared_slots_vs_default": H.ratio(slots, default),
             "noise_max_spread": noise,
             "target integration >= 0.95x limit": None if x_limit is None else x_limit >= 0.95,
             "default within noise of limit": None if d_limit is None or noise is None else d_limit >= 1 - noise,

@@ -30,6 +30,9 @@ and the training thread's own CPU seconds per step:
                                 receives the batches itself and drops them unpinned)
     ... drained, file_system    the same with torch's file_system sharing strategy in the workers
                                 (shared-memory files by name instead of passed descriptors)
+    default, shared slots       the default loader's settings with pipeline_opt's shared slots: the
+                                workers write the images into reused shared-memory buffers that
+                                the training process page-locks once (pipeline_opt.shared_slots)
 
 With --sample, a thread samples every Python thread's innermost frame every 2 ms during every
 window (the counts go into each row's meta): where the training thread and the pin-memory thread
@@ -310,6 +313,31 @@ class _Lazy:
         return self.value
 
 
+class SlotsRow:
+    """The default loader's settings through shared slots, built once; its slot counts go in the row's meta."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench, self.loader, self.row = bench, None, None
+
+    def candidate(self, step: Any) -> ProbedCandidate:
+        self.row = ProbedCandidate("default, shared slots", self, step, count=_count, on_close=self.close,
+                                   meta={"what": "default settings, images through reused page-locked worker buffers"})
+        return self.row
+
+    def __call__(self) -> Any:
+        if self.loader is None:
+            from pipeline_opt.transforms import DeviceLoader
+
+            self.loader = DeviceLoader(self.bench.base.loader, device=self.bench.device,
+                                       reuse_buffers=True)
+        return self.loader
+
+    def close(self, loader: Any) -> None:
+        stats = loader.slot_stats()
+        self.row.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
+        loader.close()
+
+
 def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
     """A clone of ultralytics' InfiniteDataLoader ``loader`` whose workers start under torch's
     ``strategy`` for sharing tensors (it starts them in its constructor, while the strategy is set)."""
@@ -334,6 +362,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         return bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
                            device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False, **kw)
 
+    slots = SlotsRow(bench)
     cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
@@ -358,6 +387,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
         ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,
                         count=_count, on_close=_close_loader),
+        slots.candidate(step),
         ProbedCandidate(f"ring + loader drained (replay of {len(batches)}, default loader running)",
                         lambda: DrainedRing(clone_loader(bench.base.loader), batches), step, count=_count,
                         on_close=lambda src: src.close(),

@@ -186,12 +186,20 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
         overrides.pop("prefetch_factor", None)
     own_gpu = list(result.config.get("gpu_transforms") or [])
     agreed_gpu = list(config.get("gpu_transforms") or [])
+    if config.get("shared_slots") and overrides.get("num_workers", base.num_workers) > 0:
+        from pipeline_opt.shared_slots import slot_loader
+        from pipeline_opt.transforms import DeviceLoader
+
+        transform = getattr(result.loader, "transform", None) if own_gpu == agreed_gpu else None
+        return DeviceLoader(slot_loader(base, **overrides), device=getattr(result.loader, "device", None),
+                            transform=transform, reuse_buffers=True)
     new = clone_loader(base, **overrides)
     if own_gpu == agreed_gpu and not isinstance(result.loader, DataLoader) and hasattr(result.loader, "loader"):
         import copy
 
         wrapped = copy.copy(result.loader)  # same device transform, new DataLoader underneath
         wrapped.loader = new
+        wrapped._receiver = None  # the new DataLoader delivers the ordinary way
         return wrapped
     if agreed_gpu and agreed_gpu != own_gpu:
         log.warning("rank %d: the agreed GPU transforms %s differ from this rank's %s; using the agreed loader "

@@ -193,6 +193,7 @@ def test_yolo_has_both_core_settings(results):
     every = [r["name"] for r in res["rows"] + res["not_measured"]]
     assert every and all(n.endswith("@1 cores") for n in every)
     assert res["rows"][0]["name"].startswith("limit")
+    assert "default + shared slots @1 cores" in every
     assert res["env"]["hardware"]["usable_cores"] == 1, "--cores 1 must restrict the CPU affinity"
     assert "1 cores" in res["summary"]
 
@@ -238,5 +239,7 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert busy[names[2]] > busy[names[0]] + 0.3, busy
     per_step = res["summary"]["train thread CPU s/step"]
     assert all(v is not None and v > 0 for v in per_step.values()), per_step
+    slots = next(r for r in res["rows"] if r["name"] == "default, shared slots")
+    assert slots["throughput"] > 0 and "slot_stats" in slots["meta"]
     gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
     assert "RandomHSV" in gpu_row["meta"]["cpu_stages_disabled"]

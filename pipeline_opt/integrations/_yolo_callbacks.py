@@ -266,8 +266,16 @@ class YoloIntegration:
                 run.notes.append(note)
         log.info("pipeline_opt: tuning the train loader %s (budget %.0f s)", why, self.options.tune_budget_s)
         # inside DDP, autotune makes the ranks agree on one configuration (pipeline_opt.distributed_api)
+        kwargs = dict(self.options.tune_kwargs or {})
+        if kwargs.pop("shared_slots", False):
+            log.warning("pipeline_opt: shared_slots is not applied inside the ultralytics trainer yet (its train "
+                        "loader must stay an InfiniteDataLoader); use build_yolo_pipeline + tune_yolo for it")
+        note = ("shared slots (reused page-locked worker buffers) were not tried: the trainer's loader stays an "
+                "InfiniteDataLoader; the trainer-free build_yolo_pipeline + tune_yolo path tries them")
+        if t.device.type == "cuda" and note not in run.notes:
+            run.notes.append(note)
         result = tune_loader(loader, inner_model(t.model), TrainerStep(t), t.device, self.options.tune_budget_s,
-                             **(self.options.tune_kwargs or {}))
+                             shared_slots=False, **kwargs)
         changed = config_changed(loader, result.config)
         if changed:
             t.train_loader = rebuild_loader(loader, result.config)

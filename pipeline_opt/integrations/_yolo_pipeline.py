@@ -217,9 +217,13 @@ def tune_yolo(pipeline: YoloPipeline, time_budget_s: float = 60.0, *, augment_kw
 
     With ``gpu_augment=True`` the pipeline's GPU augmentation is first measured against the CPU
     stages (:func:`decide_yolo_augment` with ``augment_kwargs``) and kept only where it wins beyond
-    the noise; the loader (workers, pin_memory, prefetch) is then tuned for the pipeline kept. The
-    returned ``loader`` is an ``InfiniteDataLoader`` clone with the chosen settings; ``gpu_augment``
-    holds the decision (both throughputs, the noise, the verdict), ``None`` without GPU augmentation.
+    the noise; the loader (workers, pin_memory, prefetch, and on CUDA shared slots: workers that
+    reuse page-locked buffers for the images instead of a fresh shared-memory segment per batch)
+    is then tuned for the pipeline kept. The returned ``loader`` is an ``InfiniteDataLoader`` clone
+    with the chosen settings, or, when shared slots won, a
+    :class:`~pipeline_opt.transforms.DeviceLoader` over one that yields the batches with ``img``
+    already on the device (``step_fn`` takes either); ``gpu_augment`` holds the decision (both
+    throughputs, the noise, the verdict), ``None`` without GPU augmentation.
     """
     _check_pipeline(pipeline)
     decision = decide_yolo_augment(pipeline, **(augment_kwargs or {}))

@@ -17,10 +17,17 @@ tensor of the batch is ``record_stream``-ed on the consumer's stream so the cach
 hands its memory to the side stream while the step still reads it. The side stream in turn waits
 for the consumer's stream before each submission (transform parameters made there are ready).
 On CPU it is a plain pass-through that applies the same transforms.
+
+With ``reuse_buffers=True`` the loader's workers deliver image tensors through shared-memory slots
+they reuse (:mod:`pipeline_opt.shared_slots`): the training process maps and page-locks each slot
+once instead of mapping, faulting in and pin-copying a fresh segment per batch. A slot is handed
+back to its worker once the copy out of it has completed (a CUDA event), so nothing the step reads
+is ever overwritten; on the CPU the batch is copied out of the slot first.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -110,6 +117,11 @@ class DeviceLoader:
         batch_transform: callable on the whole batch as the loader yields it, before the copy (host
             tensors, on the side stream); tensors it returns already on ``device`` are not copied
             again. For decoders that read host data, e.g. ``GpuJpegDecoder``.
+        reuse_buffers: deliver the image tensors through reused shared-memory slots
+            (:func:`pipeline_opt.shared_slots.slot_loader`). ``loader`` must be a DataLoader; unless
+            it was made by ``slot_loader`` already, a clone of it (``pin_memory=False``: the slots are
+            page-locked instead) is what gets iterated, and ``.loader`` is that clone. With
+            ``num_workers=0`` there is nothing to reuse and the loader is used as it is.
 
     ``len()``, ``.loader``, ``.device``, ``.transform`` and the loader's own attributes
     (``.dataset``, ``.batch_size``, ``.sampler``, ``.num_workers``...) are available. Each ``iter()``
@@ -119,7 +131,7 @@ class DeviceLoader:
 
     def __init__(self, loader: Iterable, device: torch.device | str | None = None,
                  transform: Callable[[torch.Tensor], torch.Tensor] | None = None, non_blocking: bool = True,
-                 batch_transform: Callable[[Any], Any] | None = None) -> None:
+                 batch_transform: Callable[[Any], Any] | None = None, reuse_buffers: bool = False) -> None:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}")
         if isinstance(loader, Iterator):
@@ -132,6 +144,50 @@ class DeviceLoader:
         self.transform = transform
         self.non_blocking = bool(non_blocking)
         self.batch_transform = batch_transform
+        self._receiver = None
+        if reuse_buffers:
+            self._use_slots()
+
+    def _use_slots(self) -> None:
+        from torch.utils.data import DataLoader
+
+        from pipeline_opt.shared_slots import SlotReceiver, slot_loader, slot_pool_of
+
+        loader = self.loader
+        if not isinstance(loader, DataLoader):
+            raise TypeError(f"reuse_buffers=True needs a torch DataLoader, got {type(loader).__name__}")
+        pool = slot_pool_of(loader)
+        if pool is None:
+            if loader.num_workers == 0:
+                log.info("reuse_buffers: the loader has no workers (batches are made in this process); "
+                         "nothing to reuse")
+                return
+            loader = self.loader = slot_loader(loader)
+            pool = slot_pool_of(loader)
+        self._receiver = SlotReceiver(pool, register=self.device.type == "cuda")
+        weakref.finalize(self, self._receiver.close)
+
+    @property
+    def reuses_buffers(self) -> bool:
+        """Whether batches come through reused shared-memory slots."""
+        return self._receiver is not None
+
+    def slot_stats(self) -> Any:
+        """:class:`~pipeline_opt.shared_slots.SlotStats` of the workers so far; None without ``reuse_buffers``."""
+        return None if self._receiver is None else self._receiver.pool.stats()
+
+    def close(self) -> None:
+        """Shut the wrapped loader's workers down (its own ``close()``, or a persistent iterator's) and
+        un-page-lock the shared slots. Iterating again afterwards starts new workers."""
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+        persistent = getattr(self.loader, "_iterator", None)
+        if persistent is not None and hasattr(persistent, "_shutdown_workers"):
+            self.loader._iterator = None
+            persistent._shutdown_workers()
+        if self._receiver is not None:
+            self._receiver.close()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -161,31 +217,71 @@ class DeviceLoader:
         return self._iter_plain()
 
     def _iter_plain(self) -> Iterator[Any]:
-        for batch in self.loader:
-            yield self.prepare(batch)
+        receiver = self._receiver
+        for raw in self.loader:
+            if receiver is None:
+                yield self.prepare(raw)
+                continue
+            slots = receiver.find(raw)
+            batch = _without_slots(self.prepare(raw))
+            del raw
+            receiver.release(slots)
+            del slots
+            yield batch
 
     def _iter_cuda(self) -> Iterator[Any]:
         side = torch.cuda.Stream(device=self.device)
+        copies: list[tuple[torch.cuda.Event, list]] = []  # slots being copied out of, oldest first
         it = iter(self.loader)
         try:
-            pending = self._submit(it, side)
+            pending = self._submit(it, side, copies)
             while pending is not _END:
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_stream(side)
                 _record_stream(pending, consumer)
                 batch, pending = pending, None
-                pending = self._submit(it, side)
+                pending = self._submit(it, side, copies)
                 yield batch
                 del batch
         finally:
             del it
+            for event, slots in copies:
+                event.synchronize()
+                self._receiver.release(slots)
+            copies.clear()
 
-    def _submit(self, it: Iterator[Any], side: torch.cuda.Stream) -> Any:
+    def _submit(self, it: Iterator[Any], side: torch.cuda.Stream, copies: list) -> Any:
         """Take the next batch and enqueue its copy + transforms on ``side``; ``_END`` when exhausted."""
         try:
             raw = next(it)
         except StopIteration:
             return _END
+        slots = self._receiver.find(raw) if self._receiver is not None else None
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            return self.prepare(raw)
+            batch = self.prepare(raw)
+            if slots:
+                batch = _without_slots(batch)  # a host tensor handed out must not be a slot
+                event = torch.cuda.Event()
+                event.record(side)
+                copies.append((event, slots))
+        del raw
+        while copies and copies[0][0].query():  # copies done: their slots go back to the workers
+            self._receiver.release(copies.pop(0)[1])
+        return batch
+
+
+def _without_slots(batch: Any) -> Any:
+    """``batch`` with every host tensor that lives in a shared slot replaced by a copy."""
+    from pipeline_opt.shared_slots import slot_header
+
+    if isinstance(batch, torch.Tensor):
+        return batch.clone() if slot_header(batch) is not None else batch
+    if isinstance(batch, Mapping):
+        items = {k: _without_slots(v) for k, v in batch.items()}
+        return items if type(batch) is dict else type(batch)(items)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_without_slots(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_without_slots(v) for v in batch)
+    return batch

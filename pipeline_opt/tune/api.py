@@ -8,8 +8,10 @@ The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules)
 3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
    wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
    offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
-   (nvJPEG); hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory,
-   persistent_workers, prefetch_factor; finally re-check the winner against the baseline. Trial
+   (nvJPEG); on CUDA, shared slots (workers reuse page-locked buffers) right away for batches of
+   16 MB or more; hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory,
+   shared slots, persistent_workers, prefetch_factor; finally re-check the winner against the
+   baseline. Trial
    windows follow the predicted step time (:mod:`pipeline_opt.tune.timing`);
 4. build the winning loader from the user's loader (same dataset, sampler, collate, generator ...)
    and profile it briefly (the best report), within the 10% of the budget kept for it.
@@ -50,6 +52,7 @@ PROFILE_STEPS = 8  # enough for batch_cpu_s and the step time; the trials measur
 PROFILE_WARMUP = 2
 PROFILE_TRACE_STEPS = 2
 MIN_TRIAL_TIMEOUT_S = 10.0
+SLOTS_EARLY_BYTES = 16 << 20  # batches this big try shared slots right after the first guess
 
 Profiler = Callable[..., ProfileReport]
 
@@ -68,6 +71,7 @@ def autotune(
     *,
     min_gain: float = MIN_GAIN,
     profiler: Profiler | None = None,
+    shared_slots: bool = True,
 ) -> TuneResult:
     """Find a faster configuration of ``loader`` for training ``model``, verified by measurement.
 
@@ -88,6 +92,9 @@ def autotune(
             draws (restored afterwards); None leaves them running.
         min_gain: the smallest relative gain a change must show (on top of the measured noise).
         profiler: the profiler producing the baseline / best reports (default :func:`pipeline_opt.profile`).
+        shared_slots: on CUDA, with workers, try delivering the image tensors through reused,
+            page-locked shared-memory slots (:mod:`pipeline_opt.shared_slots`) instead of a fresh
+            segment per batch; ``result.loader`` is then a ``DeviceLoader`` yielding device batches.
 
     Returns:
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
@@ -103,7 +110,7 @@ def autotune(
         shared = autotune_distributed(
             loader, model, step_fn=step_fn, device=device, time_budget_s=time_budget_s,
             gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler)
+            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler, shared_slots=shared_slots)
         return dataclasses.replace(shared.local, loader=shared.loader, config=dict(shared.config))
     t_start = time.monotonic()
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
@@ -117,13 +124,13 @@ def autotune(
         with ModelStateGuard(model):
             return _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler,
                          gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-                         progress=progress, seed=seed, min_gain=min_gain)
+                         progress=progress, seed=seed, min_gain=min_gain, shared_slots=shared_slots)
     finally:
         bar.close()
 
 
 def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *, gpu_transforms, draft_decode,
-          max_workers, progress, seed, min_gain) -> TuneResult:
+          max_workers, progress, seed, min_gain, shared_slots) -> TuneResult:
     baseline_cfg = LoaderConfig.of(loader)
     budget_s = deadline - t_start
     t0 = time.monotonic()
@@ -171,9 +178,13 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
     search.calibrate(guess, why)
     _tune_gpu_decode(search, nvjpeg_plan, nvjpeg_why)  # the largest win on a decode-bound pipeline
+    if shared_slots and probe is not None and probe.bytes >= SLOTS_EARLY_BYTES:
+        # what the slots save grows with the bytes received per second: for big batches, try them
+        # before the worker climb (a short budget would otherwise run out before the flags stage)
+        _tune_shared_slots(search, loader, dev, True)
     search.tune_workers()
     _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)
-    _tune_flags(search, loader, dev)
+    _tune_flags(search, loader, dev, shared_slots)
     search.confirm()
     outcome = search.outcome()
     log.info("autotune: %s", outcome.verdict)
@@ -243,12 +254,13 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         search.tune_workers("num_workers after GPU decoding")
 
 
-def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
+def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_slots: bool = True) -> None:
     inc = search.incumbent
     if dev.type == "cuda":
         search.try_change(f"pin_memory -> {not inc.pin_memory}", pin_memory=not inc.pin_memory)
     else:
         search.skip("pin_memory", f"device is {dev.type}: pinned memory only speeds up copies to an accelerator")
+    _tune_shared_slots(search, loader, dev, shared_slots)
     if search.incumbent.num_workers == 0:
         search.skip("persistent_workers, prefetch_factor", "the best configuration has no workers")
         return
@@ -258,6 +270,26 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device) -> None:
     pf = search.incumbent.prefetch_factor or 2
     if not search.try_change(f"prefetch_factor {pf} -> {2 * pf}", prefetch_factor=2 * pf) and pf > 1:
         search.try_change(f"prefetch_factor {pf} -> {pf // 2}", prefetch_factor=pf // 2)
+
+
+def _tune_shared_slots(search: Search, loader: DataLoader, dev: torch.device, enabled: bool) -> None:
+    inc = search.incumbent
+    why = None if enabled else "disabled (shared_slots=False)"
+    if why is None and dev.type != "cuda":
+        why = f"device is {dev.type}: the slots save the pinning and mapping of batches copied to an accelerator"
+    elif why is None and inc.num_workers == 0:
+        why = "the best configuration has no workers (batches are made in the training process)"
+    elif why is None and inc.decode == "nvjpeg":
+        why = "nvJPEG batches are encoded bytes, small to send"
+    elif why is None and not isinstance(loader, DataLoader):
+        why = f"the loader is a {type(loader).__name__}, not a DataLoader"
+    if why is None and inc.shared_slots:
+        return  # tried already (and kept)
+    if why is not None:
+        if not any(line.startswith("shared_slots:") for line in search.not_tried):
+            search.skip("shared_slots", why)
+        return
+    search.try_change("image tensors through reused, page-locked shared-memory slots", shared_slots=True)
 
 
 def _tune_dataset_changes(search: Search, gpu_plan, gpu_why: str, draft_plan, draft_why: str) -> None:

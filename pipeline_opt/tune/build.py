@@ -39,6 +39,8 @@ class CandidateBuilder:
             raise ValueError(f"{cfg.label()} asks for GPU JPEG decoding but no nvJPEG plan exists")
         if cfg.decode == "nvjpeg" and cfg.gpu_transforms:
             raise ValueError(f"{cfg.label()}: GPU JPEG decoding replaces the whole transform; drop gpu_transforms")
+        if cfg.decode == "nvjpeg" and cfg.shared_slots:
+            raise ValueError(f"{cfg.label()}: GPU JPEG decoding sends encoded bytes; drop shared_slots")
         gpu = self.gpu if cfg.gpu_transforms else None
         draft = self.draft if cfg.draft_decode else None
         overrides = cfg.loader_overrides()
@@ -49,6 +51,13 @@ class CandidateBuilder:
             return self.nvjpeg.build(self.loader, self.device, overrides)
         if gpu is not None or draft is not None:
             overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
+        if cfg.shared_slots:
+            from pipeline_opt.shared_slots import slot_loader
+            from pipeline_opt.transforms import DeviceLoader
+
+            clone = slot_loader(self.loader, **overrides)
+            return DeviceLoader(clone, device=self.device, transform=None if gpu is None else gpu.gpu_transform,
+                                reuse_buffers=True)
         clone = clone_loader(self.loader, **overrides)
         if gpu is None:
             return clone

@@ -23,6 +23,7 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     gpu_transforms: tuple[str, ...] = ()  # names of the transforms moved to the device loader
     decode: str = "pil"  # pil (the dataset's own loader) | draft (JPEG DCT scaling) | nvjpeg (on the GPU)
+    shared_slots: bool = False  # image tensors through reused, page-locked shared-memory slots
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -32,8 +33,11 @@ class LoaderConfig:
         if self.num_workers == 0:  # settings that only exist with workers
             object.__setattr__(self, "persistent_workers", False)
             object.__setattr__(self, "prefetch_factor", None)
+            object.__setattr__(self, "shared_slots", False)
         elif self.prefetch_factor is None:
             object.__setattr__(self, "prefetch_factor", 2)
+        if self.shared_slots:  # the slots are page-locked by registration: pinned, without a pinning copy
+            object.__setattr__(self, "pin_memory", True)
 
     @property
     def draft_decode(self) -> bool:
@@ -49,7 +53,8 @@ class LoaderConfig:
         return cls(num_workers=config["num_workers"], pin_memory=config["pin_memory"],
                    persistent_workers=config["persistent_workers"], prefetch_factor=config["prefetch_factor"],
                    gpu_transforms=tuple(config.get("gpu_transforms") or ()),
-                   decode=config.get("decode") or ("draft" if config.get("draft_decode") else "pil"))
+                   decode=config.get("decode") or ("draft" if config.get("draft_decode") else "pil"),
+                   shared_slots=bool(config.get("shared_slots", False)))
 
     @classmethod
     def of(cls, loader: DataLoader) -> LoaderConfig:
@@ -74,7 +79,7 @@ class LoaderConfig:
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
                 "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor,
                 "gpu_transforms": list(self.gpu_transforms), "decode": self.decode,
-                "draft_decode": self.draft_decode}
+                "draft_decode": self.draft_decode, "shared_slots": self.shared_slots}
 
     def label(self) -> str:
         parts = [f"workers={self.num_workers}"]
@@ -82,7 +87,9 @@ class LoaderConfig:
             parts.append(f"prefetch={self.prefetch_factor}")
             if self.persistent_workers:
                 parts.append("persistent")
-        if self.pin_memory:
+        if self.shared_slots:
+            parts.append("shared-slots")
+        elif self.pin_memory:
             parts.append("pinned")
         if self.gpu_transforms:
             parts.append("gpu:" + "+".join(self.gpu_transforms))

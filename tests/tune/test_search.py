@@ -224,3 +224,71 @@ def test_a_gain_within_the_candidates_own_window_spread_is_rolled_back():
     assert "window spread ±15.0%" in s.trials[-1].reason
     assert s.try_change("prefetch 2 -> 4", prefetch_factor=4)  # the same gain with steady windows is kept
     assert s.incumbent == LoaderConfig(4, prefetch_factor=4)
+
+
+def test_shared_slots_config_is_pinned_round_trips_and_needs_workers():
+    cfg = LoaderConfig(num_workers=4, shared_slots=True)
+    assert cfg.pin_memory and "shared-slots" in cfg.label() and "pinned" not in cfg.label()
+    assert LoaderConfig.from_dict(cfg.to_dict()) == cfg
+    assert LoaderConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "shared_slots"}) \
+        == cfg.with_(shared_slots=False)  # a tune.json written before the field existed
+    assert not LoaderConfig(num_workers=0, shared_slots=True).shared_slots
+
+
+def _flags_search(rate):
+    import torch
+
+    from pipeline_opt.tune.api import _tune_flags
+
+    s, ev = _search(rate)
+    s.start(LoaderConfig(4, prefetch_factor=2))
+    _tune_flags(s, _dataloader(), torch.device("cuda"))
+    return s.outcome(), ev
+
+
+def _dataloader():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2, num_workers=4)
+
+
+def test_the_tuner_keeps_shared_slots_only_when_they_win():
+    out, ev = _flags_search(lambda c: 130.0 if c.shared_slots else 100.0)
+    assert out.best.shared_slots and any(c.shared_slots for c in ev.calls)
+    out, _ = _flags_search(lambda c: 101.0 if c.shared_slots else 100.0)
+    assert not out.best.shared_slots  # within the minimum gain: rolled back
+
+
+def test_shared_slots_are_not_tried_off_cuda_or_without_workers():
+    import torch
+
+    from pipeline_opt.tune.api import _tune_shared_slots
+
+    for dev, cfg, words in ((torch.device("cpu"), LoaderConfig(4), "device is cpu"),
+                            (torch.device("cuda"), LoaderConfig(0), "no workers"),
+                            (torch.device("cuda"), LoaderConfig(4, decode="nvjpeg"), "nvJPEG")):
+        s, ev = _search(lambda c: 100.0)
+        s.start(cfg)
+        _tune_shared_slots(s, _dataloader(), dev, enabled=True)
+        assert not any(c.shared_slots for c in ev.calls)
+        assert any(words in line for line in s.not_tried), s.not_tried
+    s, ev = _search(lambda c: 100.0)
+    s.start(LoaderConfig(4))
+    _tune_shared_slots(s, _dataloader(), torch.device("cuda"), enabled=False)
+    assert any("shared_slots=False" in line for line in s.not_tried)
+
+
+def test_builder_makes_a_slot_device_loader():
+    import torch
+
+    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.tune.build import CandidateBuilder
+
+    built = CandidateBuilder(_dataloader(), torch.device("cpu")).build(LoaderConfig(2, shared_slots=True))
+    assert isinstance(built, DeviceLoader) and built.reuses_buffers
+    assert built.loader.num_workers == 2 and not built.loader.pin_memory
+    assert len(list(built)) == 4
+    with pytest.raises(ValueError, match="shared_slots"):
+        CandidateBuilder(_dataloader(), torch.device("cpu"), nvjpeg=object()).build(
+            LoaderConfig(2, decode="nvjpeg", shared_slots=True))

@@ -1,0 +1,476 @@
+"""Batches delivered through shared-memory slots that the DataLoader workers reuse.
+
+A stock DataLoader worker puts every batch in a *fresh* shared-memory segment; the training process
+maps it, faults its pages in, copies it into pinned memory (``pin_memory=True``) and unmaps it. For
+a YOLO batch (64 x 3 x 640 x 640 uint8 = 79 MB) at ~14 batches/s that is ~1 GB/s of page-table work
+in the training process, and on an H200 it slowed a launch-bound YOLO11n step by 25-30% (see
+``benchmarks/bench_yolo_gap.py``: the same loader drained next to a replayed batch costs as much).
+
+With shared slots each worker owns ``slots_per_worker`` shared-memory buffers and writes every
+batch's image tensor into one of them (stacking straight into it where the collate function is
+known). torch's sharing keeps one mapping per segment in the receiving process, so a slot is
+mapped once, and :class:`SlotReceiver` registers it with CUDA (``cudaHostRegister``) once: the copy
+to the GPU is an asynchronous DMA from the slot, with no pinning copy and no page faults. The
+receiver hands a slot back (:meth:`SlotReceiver.release`) once the copy out of it has finished.
+
+Safety rules:
+
+* A worker writes a slot only after the training process released it; a worker that finds none
+  free, or cannot allocate one, returns the batch the ordinary way (counted in :meth:`SlotPool.stats`).
+  It never waits, so a consumer that never releases cannot stall the loader.
+* Every claim carries a ticket (worker pid and a counter), written into the slot's header and into
+  the pool's flag; a release only clears a flag that still holds the ticket of the batch released.
+  A new incarnation of a worker (a fresh epoch of a non-persistent loader) allocates its own slots,
+  so a late release of a batch of the previous incarnation cannot free a slot in use.
+* Two live processes with the same worker id (two concurrent iterators of one non-persistent loader)
+  are detected: the second uses the ordinary path.
+
+Nothing here changes which samples a batch holds or their order: only where the image bytes live.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, get_worker_info
+
+from pipeline_opt._logging import get_logger
+
+__all__ = ["SlotCollate", "SlotPool", "SlotReceiver", "SlotStats", "slot_loader"]
+
+log = get_logger("shared_slots")
+
+MAGIC = 0x706F5F736C6F7473  # "po_slots"
+HEADER_BYTES = 64  # magic, flag index, ticket; 64 keeps the payload aligned for every dtype
+LOCK_TIMEOUT_S = 1.0
+DEFAULT_EXTRA_SLOTS = 2  # beyond prefetch_factor: the batch being copied and the one before it
+
+# counters per worker (columns of SlotPool.counters)
+_SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED = range(4)
+
+
+@dataclass(frozen=True)
+class SlotStats:
+    """How the workers delivered their batches' image tensors."""
+
+    slotted: int  # written into a reused slot
+    all_busy: int  # the ordinary way: every slot of the worker was still held by the consumer
+    alloc_failed: int  # the ordinary way: a slot could not be allocated (shared memory full)
+    unsupported: int  # the ordinary way: no image tensor, or a second live process with the same worker id
+
+    @property
+    def total(self) -> int:
+        return self.slotted + self.all_busy + self.alloc_failed + self.unsupported
+
+    @property
+    def slotted_frac(self) -> float:
+        return self.slotted / self.total if self.total else 0.0
+
+
+class SlotPool:
+    """The shared state of one loader's slots: a flag per slot, its owner per worker, counters, a lock.
+
+    Created in the training process before the workers start; the workers get it with the collate
+    function (inherited on fork, pickled through torch's shared-memory reductions on spawn).
+    """
+
+    def __init__(self, num_workers: int, slots_per_worker: int, context: Any = None) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 1 (slots need worker processes)")
+        if not isinstance(slots_per_worker, int) or slots_per_worker < 1:
+            raise ValueError(f"slots_per_worker={slots_per_worker!r} must be an integer >= 1")
+        import multiprocessing
+
+        ctx = context if context is not None else multiprocessing.get_context()
+        if isinstance(ctx, str):
+            ctx = multiprocessing.get_context(ctx)
+        self.num_workers = num_workers
+        self.slots_per_worker = slots_per_worker
+        self.flags = torch.zeros(num_workers * slots_per_worker, dtype=torch.int64).share_memory_()
+        self.owners = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
+        self.counters = torch.zeros(num_workers, 4, dtype=torch.int64).share_memory_()
+        self.lock = ctx.Lock()
+
+    def __repr__(self) -> str:
+        return f"SlotPool(num_workers={self.num_workers}, slots_per_worker={self.slots_per_worker})"
+
+    def stats(self) -> SlotStats:
+        """Counts over every worker so far."""
+        c = self.counters.sum(dim=0).tolist()
+        return SlotStats(slotted=int(c[_SLOTTED]), all_busy=int(c[_BUSY]), alloc_failed=int(c[_ALLOC_FAILED]),
+                         unsupported=int(c[_UNSUPPORTED]))
+
+    def count(self, worker_id: int, what: int) -> None:
+        self.counters[worker_id, what] += 1  # one writer per row: the worker itself
+
+    # ------------------------------------------------------------------ worker side
+
+    def take_over(self, worker_id: int, pid: int) -> bool:
+        """Make ``pid`` the owner of ``worker_id``'s slots; False while another live process owns them."""
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            return False
+        try:
+            owner = int(self.owners[worker_id])
+            if owner not in (0, pid) and _alive(owner):
+                return False
+            self.owners[worker_id] = pid
+            lo = worker_id * self.slots_per_worker
+            self.flags[lo:lo + self.slots_per_worker] = 0  # the previous incarnation's slots are not reused
+            return True
+        finally:
+            self.lock.release()
+
+    def claim(self, worker_id: int, ticket: int, start: int) -> int | None:
+        """A free slot of ``worker_id`` (searching from its ``start``-th), now flagged with ``ticket``."""
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            return None
+        try:
+            lo, k = worker_id * self.slots_per_worker, self.slots_per_worker
+            for j in range(k):
+                index = lo + (start + j) % k
+                if int(self.flags[index]) == 0:
+                    self.flags[index] = ticket
+                    return index
+            return None
+        finally:
+            self.lock.release()
+
+    # ------------------------------------------------------------------ consumer side
+
+    def release(self, index: int, ticket: int) -> bool:
+        """Free slot ``index`` if it still holds ``ticket``; False if it does not (nothing is changed)."""
+        if not 0 <= index < self.flags.numel():
+            return False
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            log.warning("shared slots: the slot lock was not released within %.0f s (a worker died holding it?); "
+                        "slot %d stays in use", LOCK_TIMEOUT_S, index)
+            return False
+        try:
+            if int(self.flags[index]) != ticket:
+                return False
+            self.flags[index] = 0
+            return True
+        finally:
+            self.lock.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ultralytics_collate(fn: Any) -> bool:
+    """Whether ``fn`` is ultralytics' ``YOLODataset.collate_fn`` (stacks ``img``, sorts the keys)."""
+    return getattr(fn, "__qualname__", "").endswith("Dataset.collate_fn") \
+        and str(getattr(fn, "__module__", "")).startswith("ultralytics.")
+
+
+def _image_place(batch: Any) -> Any:
+    """The key / index of the image tensor of a collated batch (``DeviceLoader``'s rule), or None."""
+    from pipeline_opt.transforms.device_loader import _image_slot
+
+    try:
+        return _image_slot(batch)
+    except TypeError:
+        return None
+
+
+def _replace(batch: Any, place: Any, value: torch.Tensor) -> Any:
+    if isinstance(batch, dict):
+        batch[place] = value
+        return batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return batch._replace(**{batch._fields[place]: value})
+    values = list(batch)
+    values[place] = value
+    return values if type(batch) is list else type(batch)(values)
+
+
+class _WorkerSlots:
+    """One worker process's slot buffers (shared-memory storages, header + payload)."""
+
+    def __init__(self, pool: SlotPool, worker_id: int) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.pid = os.getpid()
+        self.owner = pool.take_over(worker_id, self.pid)
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.counter = 0
+
+    def take(self, nbytes: int) -> tuple[torch.Tensor, int, int] | None:
+        """A uint8 payload view of ``nbytes`` in a claimed slot, the slot's flag index and ticket."""
+        self.counter += 1
+        ticket = (self.pid << 32) | (self.counter & 0xFFFFFFFF)
+        start = self.counter % self.pool.slots_per_worker
+        index = self.pool.claim(self.worker_id, ticket, start)
+        if index is None:
+            self.pool.count(self.worker_id, _BUSY)
+            return None
+        storage = self.storages.get(index)
+        if storage is None or storage.nbytes() < HEADER_BYTES + nbytes:
+            try:
+                storage = torch.UntypedStorage._new_shared(HEADER_BYTES + nbytes)
+            except RuntimeError:
+                self.pool.release(index, ticket)
+                self.pool.count(self.worker_id, _ALLOC_FAILED)
+                return None
+            self.storages[index] = storage
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage)
+        raw[:24].view(torch.int64).copy_(torch.tensor([MAGIC, index, ticket], dtype=torch.int64))
+        self.pool.count(self.worker_id, _SLOTTED)
+        return raw[HEADER_BYTES:HEADER_BYTES + nbytes], index, ticket
+
+
+class SlotCollate:
+    """Wraps a loader's ``collate_fn``: in a worker, the batch's image tensor is put in a reused slot.
+
+    In the training process (``num_workers=0``) it is the wrapped function. ultralytics' collate
+    function gets its images stacked straight into the slot; any other is called as it is and the
+    image tensor it returns (the first tensor, or ``batch["img"]`` / ``batch["image"]``...) is copied
+    in. Batches, keys and values are otherwise exactly what ``collate_fn`` returns.
+    """
+
+    def __init__(self, collate_fn: Callable[[list], Any], pool: SlotPool) -> None:
+        if not callable(collate_fn):
+            raise TypeError(f"collate_fn={collate_fn!r} must be callable")
+        self.collate_fn = collate_fn
+        self.pool = pool
+        self._slots: _WorkerSlots | None = None
+
+    def __repr__(self) -> str:
+        return f"SlotCollate({getattr(self.collate_fn, '__qualname__', self.collate_fn)!r}, {self.pool!r})"
+
+    def __getstate__(self) -> dict:
+        return {"collate_fn": self.collate_fn, "pool": self.pool, "_slots": None}
+
+    def _worker_slots(self) -> _WorkerSlots | None:
+        info = get_worker_info()
+        if info is None or info.id >= self.pool.num_workers:
+            return None
+        slots = self._slots
+        if slots is None or slots.pid != os.getpid():
+            slots = self._slots = _WorkerSlots(self.pool, info.id)
+        return slots
+
+    def __call__(self, samples: list) -> Any:
+        slots = self._worker_slots()
+        if slots is None:
+            return self.collate_fn(samples)
+        if not slots.owner:
+            self.pool.count(slots.worker_id, _UNSUPPORTED)
+            return self.collate_fn(samples)
+        if _ultralytics_collate(self.collate_fn) and samples and isinstance(samples[0], Mapping):
+            batch = self._stack_ultralytics(samples, slots)
+            if batch is not None:
+                return batch
+        batch = self.collate_fn(samples)
+        place = _image_place(batch)
+        if place is None:
+            self.pool.count(slots.worker_id, _UNSUPPORTED)
+            return batch
+        image = batch[place]
+        if image.device.type != "cpu":
+            self.pool.count(slots.worker_id, _UNSUPPORTED)
+            return batch
+        view = self._view(slots, image.shape, image.dtype)
+        if view is None:
+            return batch
+        view.copy_(image)
+        return _replace(batch, place, view)
+
+    def _view(self, slots: _WorkerSlots, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        taken = slots.take(max(1, numel * itemsize))
+        if taken is None:
+            return None
+        payload, _, _ = taken
+        return payload[:numel * itemsize].view(dtype).view(shape)
+
+    def _stack_ultralytics(self, samples: list, slots: _WorkerSlots) -> dict | None:
+        images = [s.get("img") for s in samples]
+        first = images[0]
+        if not isinstance(first, torch.Tensor) or any(
+                not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype for t in images):
+            return None  # let the collate function handle (or reject) it
+        view = self._view(slots, torch.Size((len(images), *first.shape)), first.dtype)
+        if view is None:
+            return None
+        torch.stack(images, 0, out=view)
+        rest = self.collate_fn([{k: v for k, v in s.items() if k != "img"} for s in samples])
+        rest["img"] = view
+        return dict(sorted(rest.items()))  # ultralytics sorts the keys of every sample
+
+
+def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overrides: Any) -> DataLoader:
+    """A clone of ``loader`` (``overrides`` applied) whose workers deliver image tensors in reused slots.
+
+    The clone has ``pin_memory=False``: the slots are page-locked by :class:`SlotReceiver` instead.
+    ``slots_per_worker`` defaults to the clone's ``prefetch_factor + 2``. Iterate it through
+    :class:`~pipeline_opt.transforms.device_loader.DeviceLoader` (``reuse_buffers=True``), which
+    releases each slot once its copy is done; iterated directly, the slots are never released and
+    the workers fall back to the ordinary path after their first batches.
+    """
+    from pipeline_opt.loader_clone import clone_loader, loader_config
+
+    if not isinstance(loader, DataLoader):
+        raise TypeError(f"shared slots need a torch DataLoader, got {type(loader).__name__}")
+    if isinstance(loader.collate_fn, SlotCollate):
+        raise ValueError("this loader already delivers through shared slots; pass it as it is")
+    cfg = {**loader_config(loader), **overrides}
+    workers = int(cfg.get("num_workers") or 0)
+    if workers < 1:
+        raise ValueError(f"num_workers={workers}: shared slots need worker processes; pass num_workers >= 1")
+    prefetch = int(cfg.get("prefetch_factor") or 2)
+    per_worker = prefetch + DEFAULT_EXTRA_SLOTS if slots_per_worker is None else slots_per_worker
+    pool = SlotPool(workers, per_worker, loader.multiprocessing_context)
+    overrides = {**overrides, "pin_memory": False, "collate_fn": SlotCollate(loader.collate_fn, pool)}
+    return clone_loader(loader, **overrides)
+
+
+def slot_pool_of(loader: Any) -> SlotPool | None:
+    """The :class:`SlotPool` of a loader made by :func:`slot_loader`, else None."""
+    collate = getattr(loader, "collate_fn", None)
+    return collate.pool if isinstance(collate, SlotCollate) else None
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _tensors(value)
+
+
+def slot_header(t: torch.Tensor) -> tuple[int, int] | None:
+    """``(flag index, ticket)`` when ``t`` lives in a slot's payload, else None."""
+    if t.device.type != "cpu" or t.storage_offset() * t.element_size() < HEADER_BYTES:
+        return None
+    storage = t.untyped_storage()
+    if storage.nbytes() < HEADER_BYTES:
+        return None
+    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (24,)).view(torch.int64).tolist()
+    if head[0] != MAGIC:
+        return None
+    return int(head[1]), int(head[2])
+
+
+class _Held:
+    """A slot storage the receiver keeps alive, and the tickets of its batches not yet released."""
+
+    __slots__ = ("storage", "pending", "retired")
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.storage = storage
+        self.pending: set[int] = set()
+        self.retired = False
+
+
+class SlotReceiver:
+    """The training process's side of a :class:`SlotPool`: find slots in batches, page-lock, release.
+
+    ``find(batch)`` lists the slot-backed tensors of a batch and, with ``register=True`` (CUDA),
+    page-locks each slot's mapping the first time it is seen (``cudaHostRegister``), so copies from
+    it are asynchronous DMA. The receiver keeps each slot's storage alive, which also keeps torch's
+    mapping of it cached. A storage replaced at its flag index (a new worker incarnation, a bigger
+    batch) is unregistered and dropped once its last batch is released. :meth:`close` unregisters
+    everything (call it once no copy is pending).
+    """
+
+    def __init__(self, pool: SlotPool, register: bool = False) -> None:
+        self.pool = pool
+        self.register = register
+        self._at: dict[int, _Held] = {}  # flag index -> the storage seen last there
+        self._by_ptr: dict[int, _Held] = {}  # data_ptr -> every storage kept (current and retired)
+        self._registered: set[int] = set()
+        self._lock = threading.Lock()
+        self.register_failed = False
+
+    @property
+    def kept(self) -> int:
+        """Slot storages kept alive now (current and not yet dropped retired ones)."""
+        return len(self._by_ptr)
+
+    def find(self, batch: Any) -> list[tuple[torch.Tensor, int, int]]:
+        """``(tensor, flag index, ticket)`` of each slot-backed tensor nested in ``batch``."""
+        out = []
+        for t in _tensors(batch):
+            head = slot_header(t)
+            if head is None:
+                continue
+            out.append((t, *head))
+            self._hold(head[0], head[1], t.untyped_storage())
+        return out
+
+    def _hold(self, index: int, ticket: int, storage: torch.UntypedStorage) -> None:
+        with self._lock:
+            ptr = storage.data_ptr()
+            held = self._by_ptr.get(ptr)
+            if held is None:
+                held = self._by_ptr[ptr] = _Held(storage)
+                if self.register and not self.register_failed:
+                    self._pin(ptr, storage.nbytes())
+            held.pending.add(ticket)
+            old = self._at.get(index)
+            if old is not held:
+                self._at[index] = held
+                if old is not None:
+                    old.retired = True
+                    self._drop_if_done(old)
+
+    def _pin(self, ptr: int, nbytes: int) -> None:
+        err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+        if err != 0:
+            self.register_failed = True
+            log.warning("shared slots: cudaHostRegister failed (cudaError %d); copies from the slots are "
+                        "synchronous", err)
+            return
+        self._registered.add(ptr)
+
+    def _unpin(self, ptr: int) -> None:
+        if ptr in self._registered:
+            self._registered.discard(ptr)
+            err = int(torch.cuda.cudart().cudaHostUnregister(ptr))
+            if err != 0:
+                log.debug("shared slots: cudaHostUnregister returned %d", err)
+
+    def _drop_if_done(self, held: _Held) -> None:
+        if held.retired and not held.pending:
+            ptr = held.storage.data_ptr()
+            self._unpin(ptr)
+            self._by_ptr.pop(ptr, None)
+
+    def release(self, slots: list[tuple[torch.Tensor, int, int]]) -> None:
+        """Hand the slots of a batch back to their workers (once nothing reads them any more)."""
+        for t, index, ticket in slots:
+            self.pool.release(index, ticket)
+            with self._lock:
+                held = self._by_ptr.get(t.untyped_storage().data_ptr())
+                if held is not None:
+                    held.pending.discard(ticket)
+                    self._drop_if_done(held)
+
+    def close(self) -> None:
+        """Unregister every page-locked slot and drop the storages (no copy may be pending)."""
+        with self._lock:
+            if self._registered and torch.cuda.is_available():
+                torch.cuda.synchronize()  # no DMA may still read a slot being unregistered
+            for ptr in list(self._registered):
+                self._unpin(ptr)
+            self._at.clear()
+            self._by_ptr.clear()

@@ -1,0 +1,204 @@
+"""Shared slots: the same batches as the ordinary path, slots reused, released safely, never blocking."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pipeline_opt.shared_slots import (
+    HEADER_BYTES,
+    SlotCollate,
+    SlotPool,
+    SlotReceiver,
+    slot_header,
+    slot_loader,
+    slot_pool_of,
+)
+from pipeline_opt.transforms import DeviceLoader
+from pipeline_opt.tune.measure import live_children
+
+
+class Images(Dataset):
+    """Distinct images (the value encodes the index) and labels."""
+
+    def __init__(self, n: int = 36, size: int = 8) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        img = torch.arange(3 * self.size * self.size, dtype=torch.int32).reshape(3, self.size, self.size)
+        return ((img + 7 * i) % 251).to(torch.uint8), i
+
+
+class DictImages(Images):
+    """Samples shaped like ultralytics' (dict with img, cls, bboxes, batch_idx, im_file)."""
+
+    def __getitem__(self, i: int):
+        img, _ = super().__getitem__(i)
+        k = 1 + i % 3
+        return {"img": img, "cls": torch.full((k, 1), float(i % 5)), "bboxes": torch.rand(k, 4),
+                "batch_idx": torch.zeros(k), "im_file": f"im{i}.jpg", "ori_shape": (self.size, self.size)}
+
+
+def _assert_same(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if isinstance(b, dict):
+            assert list(a) == list(b)
+            for k in b:
+                if isinstance(b[k], torch.Tensor):
+                    assert torch.equal(a[k], b[k]), k
+                else:
+                    assert a[k] == b[k], k
+        else:
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                assert torch.equal(x, y)
+
+
+def _loader(**kw) -> DataLoader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_workers", 2)
+    return DataLoader(kw.pop("dataset", None) or Images(), **kw)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_device_loader_with_slots_yields_the_ordinary_batches(persistent):
+    plain = _loader(shuffle=True, generator=torch.Generator().manual_seed(3), persistent_workers=persistent)
+    want = [list(b) for b in _loader(shuffle=True, generator=torch.Generator().manual_seed(3))]
+    before = live_children()
+    dl = DeviceLoader(plain, device="cpu", reuse_buffers=True)
+    assert dl.reuses_buffers and dl.loader is not plain and not dl.loader.pin_memory
+    first = [list(b) for b in dl]
+    _assert_same(first, want)
+    second = [list(b) for b in dl]  # a second epoch: new order from the same generator stream
+    assert len(second) == len(want)
+    stats = dl.slot_stats()
+    assert stats.slotted == 2 * len(want) and stats.total == 2 * len(want)  # every batch through a slot
+    dl.close()
+    del dl, first, second
+    assert live_children() - before == set(), "worker processes left behind"
+
+
+def test_slot_tensors_are_views_into_reused_storages():
+    s = slot_loader(_loader(dataset=Images(n=40)))
+    receiver = SlotReceiver(slot_pool_of(s))
+    storages = set()
+    for img, _ in s:
+        slots = receiver.find((img,))
+        assert len(slots) == 1 and img.storage_offset() * img.element_size() >= HEADER_BYTES
+        storages.add(img.untyped_storage().data_ptr())
+        receiver.release(slots)
+    # 10 batches from 2 workers went through at most prefetch + 2 = 4 slots per worker
+    assert len(storages) <= 2 * 4
+    assert slot_pool_of(s).stats().slotted == 10
+    receiver.close()
+
+
+def test_unreleased_slots_fall_back_and_stay_correct():
+    """Iterated without releasing (no DeviceLoader), a worker never overwrites a slot: it falls back."""
+    s = slot_loader(_loader(dataset=Images(n=60)))
+    got = [list(b) for b in s]  # every batch kept: overwriting any slot would corrupt one
+    _assert_same(got, [list(b) for b in _loader(dataset=Images(n=60))])
+    stats = slot_pool_of(s).stats()
+    assert stats.slotted == 2 * 4 and stats.all_busy == 15 - 8
+
+
+def test_ultralytics_collate_stacks_into_the_slot():
+    ultralytics = pytest.importorskip("ultralytics.data.dataset")
+    collate = ultralytics.YOLODataset.collate_fn
+    ds = DictImages(n=24)
+    want = list(_loader(dataset=ds, collate_fn=collate))
+    torch.manual_seed(0)
+    dl = DeviceLoader(_loader(dataset=ds, collate_fn=collate), device="cpu", reuse_buffers=True)
+    got = list(dl)
+    for a, b in zip(got, want):  # bboxes are random per call; everything else must match
+        a.pop("bboxes"), b.pop("bboxes")
+    _assert_same(got, want)
+    assert dl.slot_stats().slotted == len(want)
+
+
+def test_tuple_batch_of_a_custom_collate_is_copied_in():
+    def collate(samples):
+        return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    want = [list(b) for b in _loader(collate_fn=collate)]
+    dl = DeviceLoader(_loader(collate_fn=collate), device="cpu", reuse_buffers=True)
+    _assert_same([list(b) for b in dl], want)
+    assert dl.slot_stats().slotted == len(want)
+
+
+def test_two_live_iterators_of_one_loader_do_not_share_slots():
+    s = slot_loader(_loader(dataset=Images(n=48)))
+    want = [list(b) for b in _loader(dataset=Images(n=48))]
+    a, b = iter(s), iter(s)
+    got_a, got_b = [list(x) for x in a], [list(x) for x in b]
+    _assert_same(got_a, want)
+    _assert_same(got_b, want)
+    assert slot_pool_of(s).stats().unsupported > 0  # the second set of workers used the ordinary path
+
+
+def test_spawned_workers_use_the_slots():
+    dl = DeviceLoader(_loader(multiprocessing_context="spawn", dataset=Images(n=16)), device="cpu",
+                      reuse_buffers=True)
+    _assert_same([list(b) for b in dl], [list(b) for b in _loader(dataset=Images(n=16), num_workers=0)])
+    assert dl.slot_stats().slotted == 4
+
+
+def test_pool_claim_release_and_tickets():
+    pool = SlotPool(num_workers=2, slots_per_worker=2)
+    assert pool.claim(1, ticket=11, start=0) == 2
+    assert pool.claim(1, ticket=12, start=0) == 3
+    assert pool.claim(1, ticket=13, start=0) is None  # both of worker 1's slots are held: no wait
+    assert not pool.release(2, ticket=99)  # a stale ticket frees nothing
+    assert pool.release(2, ticket=11)
+    assert pool.claim(1, ticket=14, start=1) == 2
+    assert not pool.release(17, ticket=14)  # out of range
+    # a live process already owns worker 0: a second one must not take its slots
+    assert pool.take_over(0, os.getpid())
+    assert not pool.take_over(0, os.getppid())
+    assert pool.take_over(0, os.getpid())  # the owner itself may re-take (and resets its flags)
+
+
+def test_ordinary_tensors_have_no_slot_header():
+    assert slot_header(torch.zeros(100, dtype=torch.uint8)[70:]) is None
+    assert slot_header(torch.zeros(3)) is None
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(ValueError, match="num_workers"):
+        slot_loader(_loader(num_workers=0))
+    with pytest.raises(TypeError, match="DataLoader"):
+        DeviceLoader([[torch.zeros(2)]], device="cpu", reuse_buffers=True)
+    with pytest.raises(ValueError, match="already"):
+        slot_loader(slot_loader(_loader()))
+    with pytest.raises(ValueError, match="slots_per_worker"):
+        SlotPool(1, 0)
+    with pytest.raises(TypeError, match="callable"):
+        SlotCollate(None, SlotPool(1, 1))
+
+
+def test_no_workers_means_nothing_to_reuse():
+    dl = DeviceLoader(_loader(num_workers=0), device="cpu", reuse_buffers=True)
+    assert not dl.reuses_buffers and dl.slot_stats() is None
+    _assert_same([list(b) for b in dl], [list(b) for b in _loader(num_workers=0)])
+
+
+@pytest.mark.cuda
+def test_cuda_slots_are_page_locked_and_batches_match():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    want = [list(b) for b in _loader(dataset=Images(n=64, size=64))]
+    dl = DeviceLoader(_loader(dataset=Images(n=64, size=64)), device="cuda", reuse_buffers=True)
+    for _ in range(2):
+        got = [[t.cpu() for t in b] for b in dl]
+        assert all(t.is_cuda for t in next(iter(dl)))
+        _assert_same(got, want)
+    assert dl._receiver._registered and not dl._receiver.register_failed
+    stats = dl.slot_stats()
+    assert stats.slotted >= 2 * len(want)
