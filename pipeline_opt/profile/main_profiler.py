@@ -23,6 +23,7 @@ is the host time spent issuing the step. On CPU every interval is host time.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -425,6 +426,17 @@ def validate_trace_steps(trace_steps: object) -> None:
                          "(0 = no torch.profiler)")
 
 
+def _starts_workers_after_cuda(loader: Any) -> bool:
+    """Whether iterating ``loader`` starts worker processes while CUDA is initialised here.
+
+    A forked worker inherits the cyclic garbage of this process; collecting a CUDA event or stream
+    there aborts the worker ("CUDA error: initialization error", seen on an H200 run), so the
+    garbage is collected before the workers start.
+    """
+    workers = getattr(loader, "num_workers", 0) or getattr(getattr(loader, "loader", None), "num_workers", 0)
+    return bool(workers) and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.device, profiler: StepProfiler,
              progress: bool = False) -> tuple[MainResult, Any]:
     """Drive ``profiler`` over ``loader`` (restarting it at epoch ends) until its window is done.
@@ -440,6 +452,8 @@ def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.de
         profiler.start()
         while not profiler.done:
             if iterator is None:
+                if _starts_workers_after_cuda(loader):
+                    gc.collect()  # CUDA objects in cyclic garbage must not be collected in forked workers
                 iterator = iter(loader)
                 profiler.new_epoch()
                 fresh = True
