@@ -202,3 +202,44 @@ def test_cuda_slots_are_page_locked_and_batches_match():
     assert dl._receiver._registered and not dl._receiver.register_failed
     stats = dl.slot_stats()
     assert stats.slotted >= 2 * len(want)
+
+
+def test_receive_thread_yields_batches_with_their_slots_and_releases_on_close():
+    from pipeline_opt.shared_slots import ReceiveThread
+
+    s = slot_loader(_loader(dataset=Images(n=40)))
+    receiver = SlotReceiver(slot_pool_of(s))
+    want = [list(b) for b in _loader(dataset=Images(n=40))]
+    rx = ReceiveThread(iter(s), receiver, depth=2)
+    got = []
+    for raw, slots in rx:
+        assert len(slots) == 1
+        got.append([t.clone() for t in raw])
+        receiver.release(slots)
+    _assert_same(got, want)
+    with pytest.raises(StopIteration):
+        next(rx)
+    rx.close()
+    rx = ReceiveThread(iter(s), receiver, depth=2)
+    next(rx)  # abandoned with batches queued: close() stops the thread and frees their slots
+    rx.close()
+    assert not rx._thread.is_alive()
+    # batches dropped in flight keep their flags; the next workers take their slots over afresh
+    before = slot_pool_of(s).stats().slotted
+    dl = DeviceLoader(s, device="cpu", reuse_buffers=True)
+    _assert_same([list(b) for b in dl], want)
+    assert slot_pool_of(s).stats().slotted - before == len(want)
+
+
+def test_receive_thread_raises_the_loaders_error():
+    from pipeline_opt.shared_slots import ReceiveThread
+
+    class Bad(Images):
+        def __getitem__(self, i):
+            raise KeyError(f"sample {i} is broken")
+
+    s = slot_loader(_loader(dataset=Bad()))
+    rx = ReceiveThread(iter(s), SlotReceiver(slot_pool_of(s)))
+    with pytest.raises(KeyError, match="broken"):
+        next(rx)
+    rx.close()

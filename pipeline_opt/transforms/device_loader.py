@@ -233,6 +233,10 @@ class DeviceLoader:
         side = torch.cuda.Stream(device=self.device)
         copies: list[tuple[torch.cuda.Event, list]] = []  # slots being copied out of, oldest first
         it = iter(self.loader)
+        if self._receiver is not None:
+            from pipeline_opt.shared_slots import ReceiveThread
+
+            it = ReceiveThread(it, self._receiver, prepare=_pin_small, device=self.device)
         try:
             pending = self._submit(it, side, copies)
             while pending is not _END:
@@ -244,6 +248,8 @@ class DeviceLoader:
                 yield batch
                 del batch
         finally:
+            if self._receiver is not None:
+                it.close()
             del it
             for event, slots in copies:
                 event.synchronize()
@@ -256,7 +262,9 @@ class DeviceLoader:
             raw = next(it)
         except StopIteration:
             return _END
-        slots = self._receiver.find(raw) if self._receiver is not None else None
+        slots = None
+        if self._receiver is not None:
+            raw, slots = raw  # from the receiving thread: the batch and its slots
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             batch = self.prepare(raw)
@@ -269,6 +277,29 @@ class DeviceLoader:
         while copies and copies[0][0].query():  # copies done: their slots go back to the workers
             self._receiver.release(copies.pop(0)[1])
         return batch
+
+
+def _pin_small(batch: Any, slots: list) -> Any:
+    """The loader does not pin (the slots are page-locked already); a pageable copy of the small
+    tensors (boxes, labels) would block until the side stream, which waits for the step, caught up:
+    an implicit device synchronisation per batch. So they are pinned here."""
+    return _pin_others(batch, {id(t) for t, _, _ in slots}) if slots else batch
+
+
+def _pin_others(batch: Any, skip: set[int]) -> Any:
+    """``batch`` with every host tensor not in ``skip`` (by ``id``) and not pinned yet copied to pinned memory."""
+    if isinstance(batch, torch.Tensor):
+        if id(batch) in skip or batch.device.type != "cpu" or batch.is_pinned():
+            return batch
+        return batch.pin_memory()
+    if isinstance(batch, Mapping):
+        items = {k: _pin_others(v, skip) for k, v in batch.items()}
+        return items if type(batch) is dict else type(batch)(items)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_pin_others(v, skip) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pin_others(v, skip) for v in batch)
+    return batch
 
 
 def _without_slots(batch: Any) -> Any:
