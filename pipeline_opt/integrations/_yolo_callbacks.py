@@ -271,7 +271,7 @@ class YoloIntegration:
             log.warning("pipeline_opt: shared_slots is not applied inside the ultralytics trainer yet (its train "
                         "loader must stay an InfiniteDataLoader); use build_yolo_pipeline + tune_yolo for it")
         note = ("shared slots (reused page-locked worker buffers) were not tried: the trainer's loader stays an "
-                "InfiniteDataLoader; the trainer-free build_yolo_pipeline + tune_yolo path tries them")
+                "InfiniteDataLoader; tune_yolo(..., shared_slots=True) on the trainer-free pipeline can")
         if t.device.type == "cuda" and note not in run.notes:
             run.notes.append(note)
         result = tune_loader(loader, inner_model(t.model), TrainerStep(t), t.device, self.options.tune_budget_s,

@@ -217,7 +217,7 @@ def tune_yolo(pipeline: YoloPipeline, time_budget_s: float = 60.0, *, augment_kw
 
     With ``gpu_augment=True`` the pipeline's GPU augmentation is first measured against the CPU
     stages (:func:`decide_yolo_augment` with ``augment_kwargs``) and kept only where it wins beyond
-    the noise; the loader (workers, pin_memory, prefetch, and on CUDA shared slots: workers that
+    the noise; the loader (workers, pin_memory, prefetch; with ``shared_slots=True`` on CUDA also shared slots: workers that
     reuse page-locked buffers for the images instead of a fresh shared-memory segment per batch)
     is then tuned for the pipeline kept. The returned ``loader`` is an ``InfiniteDataLoader`` clone
     with the chosen settings, or, when shared slots won, a
