@@ -158,6 +158,9 @@ def slots_candidate(bench: Bench) -> H.Candidate:
     def close(loader: Any) -> None:
         stats = loader.slot_stats()
         cand.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
+        rx = loader.receive_stats()
+        cand.meta["receive_stats"] = None if rx is None else {**asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch,
+                                                           "work_ms_per_batch": rx.work_ms_per_batch}
         loader.close()
 
     cand.on_close = close

@@ -335,6 +335,9 @@ class SlotsRow:
     def close(self, loader: Any) -> None:
         stats = loader.slot_stats()
         self.row.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
+        rx = loader.receive_stats()
+        self.row.meta["receive_stats"] = None if rx is None else {**asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch,
+                                                           "work_ms_per_batch": rx.work_ms_per_batch}
         loader.close()
 
 

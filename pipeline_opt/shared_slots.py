@@ -13,6 +13,14 @@ mapped once, and :class:`SlotReceiver` registers it with CUDA (``cudaHostRegiste
 to the GPU is an asynchronous DMA from the slot, with no pinning copy and no page faults. The
 receiver hands a slot back (:meth:`SlotReceiver.release`) once the copy out of it has finished.
 
+Once the training process holds a slot's storage (it received one batch of it the ordinary way),
+the worker sends the next batches of that slot *by reference*: the image and the batch's other
+tensors (boxes, labels, indices) are written into the slot and the batch carries small
+:class:`SlotRef` placeholders that :meth:`SlotReceiver.receive` turns back into tensors. Such a batch
+pickles without a single file descriptor: the ordinary path hands one descriptor per tensor over
+through the worker's resource-sharer thread, which has to wait for that busy worker's GIL (on a
+2-core box a ready batch took 8-32 ms to receive from GIL-bound workers, 1 ms without descriptors).
+
 Safety rules:
 
 * A worker writes a slot only after the training process released it; a worker that finds none
@@ -24,6 +32,9 @@ Safety rules:
   so a late release of a batch of the previous incarnation cannot free a slot in use.
 * Two live processes with the same worker id (two concurrent iterators of one non-persistent loader)
   are detected: the second uses the ordinary path.
+* A worker sends a reference only to a storage the receiver has said it holds (the pool's ``known``
+  flag carries that storage's id); a new receiver, a closed one and a new worker incarnation clear
+  those flags. A reference the receiver cannot resolve raises, it is never guessed.
 
 Nothing here changes which samples a batch holds or their order: only where the image bytes live.
 """
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,17 +53,19 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline_opt._logging import get_logger
 
-__all__ = ["SlotCollate", "SlotPool", "SlotReceiver", "SlotStats", "slot_loader"]
+__all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
 
 log = get_logger("shared_slots")
 
 MAGIC = 0x706F5F736C6F7473  # "po_slots"
-HEADER_BYTES = 64  # magic, flag index, ticket; 64 keeps the payload aligned for every dtype
+HEADER_BYTES = 64  # magic, flag index, ticket, storage id; 64 keeps the payload aligned for every dtype
+ALIGN = 64  # every tensor packed into a slot starts at a multiple of this
+PACK_RESERVE_MIN = 256 * 1024  # room in a slot beyond its image for the batch's other tensors
 LOCK_TIMEOUT_S = 1.0
 DEFAULT_EXTRA_SLOTS = 2  # beyond prefetch_factor: the batch being copied and the one before it
 
 # counters per worker (columns of SlotPool.counters)
-_SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED = range(4)
+_SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED, _BY_REF = range(5)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class SlotStats:
     all_busy: int  # the ordinary way: every slot of the worker was still held by the consumer
     alloc_failed: int  # the ordinary way: a slot could not be allocated (shared memory full)
     unsupported: int  # the ordinary way: no image tensor, or a second live process with the same worker id
+    by_ref: int = 0  # of ``slotted``: sent as references to a slot the receiver holds (no descriptors)
 
     @property
     def total(self) -> int:
@@ -93,8 +108,23 @@ class SlotPool:
         self.slots_per_worker = slots_per_worker
         self.flags = torch.zeros(num_workers * slots_per_worker, dtype=torch.int64).share_memory_()
         self.owners = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.counters = torch.zeros(num_workers, 4, dtype=torch.int64).share_memory_()
+        self.counters = torch.zeros(num_workers, 5, dtype=torch.int64).share_memory_()
+        self.known = torch.zeros(num_workers * slots_per_worker, dtype=torch.int64).share_memory_()
         self.lock = ctx.Lock()
+        self._receiver: SlotReceiver | None = None  # the training process's, never pickled
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_receiver": None}
+
+    def receiver(self, register: bool = False) -> SlotReceiver:
+        """This pool's :class:`SlotReceiver` in this process (made on first use; ``register=True``
+        page-locks the slots seen from now on). Every consumer of one pool must share it: a
+        worker's references are only valid for the receiver that holds the slot."""
+        if self._receiver is None:
+            SlotReceiver(self, register=register)  # registers itself as self._receiver
+        elif register and not self._receiver.register:
+            self._receiver.register = True
+        return self._receiver
 
     def __repr__(self) -> str:
         return f"SlotPool(num_workers={self.num_workers}, slots_per_worker={self.slots_per_worker})"
@@ -103,7 +133,7 @@ class SlotPool:
         """Counts over every worker so far."""
         c = self.counters.sum(dim=0).tolist()
         return SlotStats(slotted=int(c[_SLOTTED]), all_busy=int(c[_BUSY]), alloc_failed=int(c[_ALLOC_FAILED]),
-                         unsupported=int(c[_UNSUPPORTED]))
+                         unsupported=int(c[_UNSUPPORTED]), by_ref=int(c[_BY_REF]))
 
     def count(self, worker_id: int, what: int) -> None:
         self.counters[worker_id, what] += 1  # one writer per row: the worker itself
@@ -121,6 +151,7 @@ class SlotPool:
             self.owners[worker_id] = pid
             lo = worker_id * self.slots_per_worker
             self.flags[lo:lo + self.slots_per_worker] = 0  # the previous incarnation's slots are not reused
+            self.known[lo:lo + self.slots_per_worker] = 0
             return True
         finally:
             self.lock.release()
@@ -196,19 +227,70 @@ def _replace(batch: Any, place: Any, value: torch.Tensor) -> Any:
     return values if type(batch) is list else type(batch)(values)
 
 
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _bytes_view(storage: torch.UntypedStorage, offset: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous ``shape`` / ``dtype`` tensor over ``storage`` from byte ``offset``."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    raw = torch.empty(0, dtype=torch.uint8).set_(storage, offset, (nbytes,))
+    return raw.view(dtype).view(shape)
+
+
+def _header(storage: torch.UntypedStorage) -> list[int] | None:
+    """``[magic, flag index, ticket, storage id]`` of a slot storage, else None."""
+    if storage.nbytes() < HEADER_BYTES:
+        return None
+    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (32,)).view(torch.int64).tolist()
+    return head if head[0] == MAGIC else None
+
+
+class SlotRef:
+    """A tensor a worker wrote into a slot the receiver holds: where it is, not its bytes."""
+
+    __slots__ = ("storage_id", "index", "ticket", "offset", "shape", "dtype")
+
+    def __init__(self, storage_id: int, index: int, ticket: int, offset: int, shape: tuple, dtype: torch.dtype) -> None:
+        self.storage_id, self.index, self.ticket = storage_id, index, ticket
+        self.offset, self.shape, self.dtype = offset, shape, dtype
+
+    def __reduce__(self) -> tuple:
+        return SlotRef, (self.storage_id, self.index, self.ticket, self.offset, self.shape, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"SlotRef(slot={self.index}, offset={self.offset}, shape={self.shape}, dtype={self.dtype})"
+
+
+@dataclass
+class _Claim:
+    """A slot a worker claimed for one batch."""
+
+    storage: torch.UntypedStorage
+    index: int
+    ticket: int
+    storage_id: int
+
+    def ref(self, offset: int, t: torch.Tensor) -> SlotRef:
+        return SlotRef(self.storage_id, self.index, self.ticket, offset, tuple(t.shape), t.dtype)
+
+
 class _WorkerSlots:
-    """One worker process's slot buffers (shared-memory storages, header + payload)."""
+    """One worker process's slot buffers (shared-memory storages: header, image, the batch's other tensors)."""
 
     def __init__(self, pool: SlotPool, worker_id: int) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.pid = os.getpid()
         self.owner = pool.take_over(worker_id, self.pid)
-        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.storages: dict[int, tuple[torch.UntypedStorage, int]] = {}  # flag index -> storage, its id
         self.counter = 0
 
-    def take(self, nbytes: int) -> tuple[torch.Tensor, int, int] | None:
-        """A uint8 payload view of ``nbytes`` in a claimed slot, the slot's flag index and ticket."""
+    def take(self, nbytes: int) -> _Claim | None:
+        """A claimed slot with room for an ``nbytes`` image after its header (and a reserve for the rest)."""
         self.counter += 1
         ticket = (self.pid << 32) | (self.counter & 0xFFFFFFFF)
         start = self.counter % self.pool.slots_per_worker
@@ -216,19 +298,26 @@ class _WorkerSlots:
         if index is None:
             self.pool.count(self.worker_id, _BUSY)
             return None
-        storage = self.storages.get(index)
-        if storage is None or storage.nbytes() < HEADER_BYTES + nbytes:
+        entry = self.storages.get(index)
+        if entry is None or entry[0].nbytes() < HEADER_BYTES + nbytes:
+            size = HEADER_BYTES + _aligned(nbytes) + max(PACK_RESERVE_MIN, _aligned(nbytes // 64))
             try:
-                storage = torch.UntypedStorage._new_shared(HEADER_BYTES + nbytes)
+                storage = torch.UntypedStorage._new_shared(size)
             except RuntimeError:
                 self.pool.release(index, ticket)
                 self.pool.count(self.worker_id, _ALLOC_FAILED)
                 return None
-            self.storages[index] = storage
-        raw = torch.empty(0, dtype=torch.uint8).set_(storage)
-        raw[:24].view(torch.int64).copy_(torch.tensor([MAGIC, index, ticket], dtype=torch.int64))
+            entry = self.storages[index] = (storage, ticket)  # a storage's id: the ticket of its first claim
+        storage, storage_id = entry
+        head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (32,)).view(torch.int64)
+        head.copy_(torch.tensor([MAGIC, index, ticket, storage_id], dtype=torch.int64))
         self.pool.count(self.worker_id, _SLOTTED)
-        return raw[HEADER_BYTES:HEADER_BYTES + nbytes], index, ticket
+        return _Claim(storage, index, ticket, storage_id)
+
+
+def _packable(t: torch.Tensor) -> bool:
+    return type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided \
+        and not t.is_quantized and not t.requires_grad
 
 
 class SlotCollate:
@@ -237,7 +326,9 @@ class SlotCollate:
     In the training process (``num_workers=0``) it is the wrapped function. ultralytics' collate
     function gets its images stacked straight into the slot; any other is called as it is and the
     image tensor it returns (the first tensor, or ``batch["img"]`` / ``batch["image"]``...) is copied
-    in. Batches, keys and values are otherwise exactly what ``collate_fn`` returns.
+    in. Once the receiver holds the slot, the batch's other plain tensors are copied in as well and
+    every tensor travels as a :class:`SlotRef`. Batches, keys and values are otherwise exactly what
+    ``collate_fn`` returns.
     """
 
     def __init__(self, collate_fn: Callable[[list], Any], pool: SlotPool) -> None:
@@ -270,48 +361,77 @@ class SlotCollate:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return self.collate_fn(samples)
         if _ultralytics_collate(self.collate_fn) and samples and isinstance(samples[0], Mapping):
-            batch = self._stack_ultralytics(samples, slots)
-            if batch is not None:
-                return batch
+            placed = self._stack_ultralytics(samples, slots)
+            if placed is not None:
+                return self._send(*placed, slots)
         batch = self.collate_fn(samples)
         place = _image_place(batch)
         if place is None:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return batch
         image = batch[place]
-        if image.device.type != "cpu":
+        if not _packable(image):  # on a device, or a tensor subclass whose metadata a copy would lose
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return batch
-        view = self._view(slots, image.shape, image.dtype)
-        if view is None:
+        claim = slots.take(image.nbytes)
+        if claim is None:
             return batch
+        view = _bytes_view(claim.storage, HEADER_BYTES, tuple(image.shape), image.dtype)
         view.copy_(image)
-        return _replace(batch, place, view)
+        return self._send(_replace(batch, place, view), view, claim, slots)
 
-    def _view(self, slots: _WorkerSlots, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
-        numel = 1
-        for d in shape:
-            numel *= int(d)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        taken = slots.take(max(1, numel * itemsize))
-        if taken is None:
-            return None
-        payload, _, _ = taken
-        return payload[:numel * itemsize].view(dtype).view(shape)
-
-    def _stack_ultralytics(self, samples: list, slots: _WorkerSlots) -> dict | None:
+    def _stack_ultralytics(self, samples: list, slots: _WorkerSlots) -> tuple[dict, torch.Tensor, _Claim] | None:
         images = [s.get("img") for s in samples]
         first = images[0]
         if not isinstance(first, torch.Tensor) or any(
                 not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype for t in images):
             return None  # let the collate function handle (or reject) it
-        view = self._view(slots, torch.Size((len(images), *first.shape)), first.dtype)
-        if view is None:
+        claim = slots.take(len(images) * first.nbytes)
+        if claim is None:
             return None
+        view = _bytes_view(claim.storage, HEADER_BYTES, (len(images), *first.shape), first.dtype)
         torch.stack(images, 0, out=view)
         rest = self.collate_fn([{k: v for k, v in s.items() if k != "img"} for s in samples])
         rest["img"] = view
-        return dict(sorted(rest.items()))  # ultralytics sorts the keys of every sample
+        return dict(sorted(rest.items())), view, claim  # ultralytics sorts the keys of every sample
+
+    def _send(self, batch: Any, image: torch.Tensor, claim: _Claim, slots: _WorkerSlots) -> Any:
+        """``batch`` as it goes to the training process: with the slot's tensor the first time the
+        receiver sees this storage, with :class:`SlotRef` placeholders (every tensor packed) after."""
+        if int(self.pool.known[claim.index]) != claim.storage_id:
+            return batch
+        end = HEADER_BYTES + _aligned(image.nbytes)
+        capacity = claim.storage.nbytes()
+
+        def pack(t: torch.Tensor) -> Any:
+            nonlocal end
+            if t is image:
+                return claim.ref(HEADER_BYTES, t)
+            if not _packable(t) or end + t.nbytes > capacity:
+                return t  # travels the ordinary way
+            offset = end
+            _bytes_view(claim.storage, offset, tuple(t.shape), t.dtype).copy_(t)
+            end = offset + _aligned(t.nbytes)
+            return claim.ref(offset, t)
+
+        packed = _map_leaves(batch, lambda x: isinstance(x, torch.Tensor), pack)
+        self.pool.count(slots.worker_id, _BY_REF)
+        return packed
+
+
+def _map_leaves(batch: Any, match: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+    """``batch`` with every leaf ``match`` accepts replaced by ``fn(leaf)`` (dicts, lists, tuples,
+    named tuples rebuilt as their own type; anything else kept)."""
+    if match(batch):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        items = {k: _map_leaves(v, match, fn) for k, v in batch.items()}
+        return items if type(batch) is dict else type(batch)(items)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_leaves(v, match, fn) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_map_leaves(v, match, fn) for v in batch)
+    return batch
 
 
 def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overrides: Any) -> DataLoader:
@@ -361,35 +481,50 @@ def slot_header(t: torch.Tensor) -> tuple[int, int] | None:
     """``(flag index, ticket)`` when ``t`` lives in a slot's payload, else None."""
     if t.device.type != "cpu" or t.storage_offset() * t.element_size() < HEADER_BYTES:
         return None
-    storage = t.untyped_storage()
-    if storage.nbytes() < HEADER_BYTES:
-        return None
-    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (24,)).view(torch.int64).tolist()
-    if head[0] != MAGIC:
-        return None
-    return int(head[1]), int(head[2])
+    head = _header(t.untyped_storage())
+    return None if head is None else (int(head[1]), int(head[2]))
+
+
+@dataclass(frozen=True)
+class ReceiveStats:
+    """Where the receiving thread's time went, over the batches it received."""
+
+    batches: int
+    wait_s: float  # waiting on the DataLoader iterator (workers not ready, or unpickling)
+    work_s: float  # resolving slots, page-locking new ones, pinning the small tensors
+
+    @property
+    def wait_ms_per_batch(self) -> float:
+        return 1e3 * self.wait_s / self.batches if self.batches else 0.0
+
+    @property
+    def work_ms_per_batch(self) -> float:
+        return 1e3 * self.work_s / self.batches if self.batches else 0.0
 
 
 class _Held:
     """A slot storage the receiver keeps alive, and the tickets of its batches not yet released."""
 
-    __slots__ = ("storage", "pending", "retired")
+    __slots__ = ("storage", "storage_id", "pending", "retired")
 
-    def __init__(self, storage: torch.UntypedStorage) -> None:
+    def __init__(self, storage: torch.UntypedStorage, storage_id: int) -> None:
         self.storage = storage
+        self.storage_id = storage_id
         self.pending: set[int] = set()
         self.retired = False
 
 
 class SlotReceiver:
-    """The training process's side of a :class:`SlotPool`: find slots in batches, page-lock, release.
+    """The training process's side of a :class:`SlotPool`: receive slots, page-lock, release.
 
-    ``find(batch)`` lists the slot-backed tensors of a batch and, with ``register=True`` (CUDA),
-    page-locks each slot's mapping the first time it is seen (``cudaHostRegister``), so copies from
-    it are asynchronous DMA. The receiver keeps each slot's storage alive, which also keeps torch's
-    mapping of it cached. A storage replaced at its flag index (a new worker incarnation, a bigger
-    batch) is unregistered and dropped once its last batch is released. :meth:`close` unregisters
-    everything (call it once no copy is pending).
+    ``receive(batch)`` turns a batch as the loader yields it into the batch with its tensors and
+    the list of its slot-backed tensors. A slot storage seen for the first time is kept alive (which
+    also keeps torch's mapping of it cached), page-locked with ``register=True`` (CUDA:
+    ``cudaHostRegister``, so copies from it are asynchronous DMA) and announced to its worker, which
+    then sends that slot's batches as :class:`SlotRef` references. A storage replaced at its flag
+    index (a new worker incarnation, a bigger batch) is unregistered and dropped once its last batch
+    is released. :meth:`close` unregisters everything (call it once no copy is pending). One receiver
+    per pool: making one clears the workers' knowledge of an earlier one (use :meth:`SlotPool.receiver`).
     """
 
     def __init__(self, pool: SlotPool, register: bool = False) -> None:
@@ -397,32 +532,83 @@ class SlotReceiver:
         self.register = register
         self._at: dict[int, _Held] = {}  # flag index -> the storage seen last there
         self._by_ptr: dict[int, _Held] = {}  # data_ptr -> every storage kept (current and retired)
+        self._by_id: dict[int, _Held] = {}  # storage id -> the same storages
         self._registered: set[int] = set()
         self._lock = threading.Lock()
         self.register_failed = False
+        self._timing = [0, 0.0, 0.0]  # batches, wait s, work s (the receiving thread's)
+        pool.known.zero_()
+        pool._receiver = self
 
     @property
     def kept(self) -> int:
         """Slot storages kept alive now (current and not yet dropped retired ones)."""
         return len(self._by_ptr)
 
-    def find(self, batch: Any) -> list[tuple[torch.Tensor, int, int]]:
-        """``(tensor, flag index, ticket)`` of each slot-backed tensor nested in ``batch``."""
+    def receive_stats(self) -> ReceiveStats:
+        """Timing of the receiving thread (:class:`ReceiveThread`) so far."""
+        n, wait, work = self._timing
+        return ReceiveStats(batches=int(n), wait_s=float(wait), work_s=float(work))
+
+    def add_timing(self, wait_s: float, work_s: float) -> None:
+        self._timing[0] += 1
+        self._timing[1] += wait_s
+        self._timing[2] += work_s
+
+    def find(self, batch: Any, announce: bool = False) -> list[tuple[torch.Tensor, int, int]]:
+        """``(tensor, flag index, ticket)`` of each slot-backed tensor nested in ``batch``; with
+        ``announce``, workers may send their next batches of these slots as references (only for a
+        consumer that resolves them with :meth:`receive`)."""
         out = []
         for t in _tensors(batch):
-            head = slot_header(t)
+            if t.device.type != "cpu" or t.storage_offset() * t.element_size() < HEADER_BYTES:
+                continue
+            head = _header(t.untyped_storage())
             if head is None:
                 continue
-            out.append((t, *head))
-            self._hold(head[0], head[1], t.untyped_storage())
+            _, index, ticket, storage_id = (int(v) for v in head)
+            out.append((t, index, ticket))
+            self._hold(index, ticket, storage_id, t.untyped_storage(), announce)
         return out
 
-    def _hold(self, index: int, ticket: int, storage: torch.UntypedStorage) -> None:
+    def receive(self, batch: Any) -> tuple[Any, list[tuple[torch.Tensor, int, int]]]:
+        """The batch with every :class:`SlotRef` resolved to its tensor, and its slot-backed tensors.
+
+        Release the slots (:meth:`release`) once nothing reads those tensors any more."""
+        slots = self.find(batch, announce=True)
+
+        def resolve(ref: SlotRef) -> torch.Tensor:
+            t = self._resolve(ref)
+            slots.append((t, ref.index, ref.ticket))
+            return t
+
+        batch = _map_leaves(batch, lambda x: isinstance(x, SlotRef), resolve)
+        return batch, slots
+
+    def _resolve(self, ref: SlotRef) -> torch.Tensor:
+        with self._lock:
+            held = self._by_id.get(ref.storage_id)
+            if held is not None:
+                held.pending.add(ref.ticket)
+        if held is None:
+            raise RuntimeError(
+                f"a batch refers to shared slot {ref.index} (storage {ref.storage_id:#x}), which this "
+                f"process does not hold: every consumer of one slot loader must share its pool's receiver "
+                f"(SlotPool.receiver(); DeviceLoader(..., reuse_buffers=True) does)")
+        head = _header(held.storage)
+        if head is None or int(head[2]) != ref.ticket:
+            raise RuntimeError(f"shared slot {ref.index} holds ticket {head and head[2]:#x}, not the batch's "
+                               f"{ref.ticket:#x}: it was overwritten before its batch was released")
+        return _bytes_view(held.storage, ref.offset, ref.shape, ref.dtype)
+
+    def _hold(self, index: int, ticket: int, storage_id: int, storage: torch.UntypedStorage,
+              announce: bool) -> None:
         with self._lock:
             ptr = storage.data_ptr()
             held = self._by_ptr.get(ptr)
             if held is None:
-                held = self._by_ptr[ptr] = _Held(storage)
+                held = self._by_ptr[ptr] = _Held(storage, storage_id)
+                self._by_id[storage_id] = held
                 if self.register and not self.register_failed:
                     self._pin(ptr, storage.nbytes())
             held.pending.add(ticket)
@@ -432,6 +618,8 @@ class SlotReceiver:
                 if old is not None:
                     old.retired = True
                     self._drop_if_done(old)
+            if announce and storage_id and 0 <= index < self.pool.known.numel():
+                self.pool.known[index] = storage_id
 
     def _pin(self, ptr: int, nbytes: int) -> None:
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
@@ -454,10 +642,16 @@ class SlotReceiver:
             ptr = held.storage.data_ptr()
             self._unpin(ptr)
             self._by_ptr.pop(ptr, None)
+            if self._by_id.get(held.storage_id) is held:
+                del self._by_id[held.storage_id]
 
     def release(self, slots: list[tuple[torch.Tensor, int, int]]) -> None:
         """Hand the slots of a batch back to their workers (once nothing reads them any more)."""
+        done: set[tuple[int, int]] = set()
         for t, index, ticket in slots:
+            if (index, ticket) in done:
+                continue  # several tensors of one batch in one slot
+            done.add((index, ticket))
             self.pool.release(index, ticket)
             with self._lock:
                 held = self._by_ptr.get(t.untyped_storage().data_ptr())
@@ -466,14 +660,17 @@ class SlotReceiver:
                     self._drop_if_done(held)
 
     def close(self) -> None:
-        """Unregister every page-locked slot and drop the storages (no copy may be pending)."""
+        """Unregister every page-locked slot and drop the storages (no copy may be pending). The
+        workers send whole tensors again until the receiver holds their slots anew."""
         with self._lock:
+            self.pool.known.zero_()
             if self._registered and torch.cuda.is_available():
                 torch.cuda.synchronize()  # no DMA may still read a slot being unregistered
             for ptr in list(self._registered):
                 self._unpin(ptr)
             self._at.clear()
             self._by_ptr.clear()
+            self._by_id.clear()
 
 
 class _End:
@@ -492,9 +689,10 @@ class ReceiveThread:
     A loader made by :func:`slot_loader` has ``pin_memory=False``, which would leave the receiving
     (unpickling; for every tensor a descriptor handed over by the worker's resource-sharer thread,
     which waits for that busy worker's GIL) to the training thread: on an H200 that cost ~5 ms per
-    YOLO batch. Here it happens in this thread, with :meth:`SlotReceiver.find` (and the first-time
-    page-locking of each slot) and ``prepare(raw, slots)`` (e.g. pinning the small tensors). Up to
-    ``depth`` batches wait in the queue. :meth:`close` stops the thread and releases the slots of
+    YOLO batch. Here it happens in this thread, with :meth:`SlotReceiver.receive` (resolving the
+    references, the first-time page-locking of each slot) and ``prepare(raw, slots)`` (e.g. pinning
+    the small tensors that did not travel in a slot); its timing goes to
+    :meth:`SlotReceiver.receive_stats`. Up to ``depth`` batches wait in the queue. :meth:`close` stops the thread and releases the slots of
     the batches it still holds; the iterator is dropped with the thread.
     """
 
@@ -524,13 +722,18 @@ class ReceiveThread:
         try:
             if device is not None and device.type == "cuda":
                 torch.cuda.set_device(device)
+            clock = time.perf_counter
+            ready = clock()
             for raw in it:
-                slots = self.receiver.find(raw)
+                got = clock()
+                raw, slots = self.receiver.receive(raw)
                 if prepare is not None:
                     raw = prepare(raw, slots)
+                self.receiver.add_timing(got - ready, clock() - got)
                 if not self._put((raw, slots)):
                     self.receiver.release(slots)
                     return
+                ready = clock()
                 del raw, slots
                 if self._stop.is_set():
                     return

@@ -13,6 +13,7 @@ from pipeline_opt.shared_slots import (
     SlotCollate,
     SlotPool,
     SlotReceiver,
+    SlotRef,
     slot_header,
     slot_loader,
     slot_pool_of,
@@ -80,6 +81,9 @@ def test_device_loader_with_slots_yields_the_ordinary_batches(persistent):
     assert len(second) == len(want)
     stats = dl.slot_stats()
     assert stats.slotted == 2 * len(want) and stats.total == 2 * len(want)  # every batch through a slot
+    # a slot's first batch travels as tensors (the receiver learns the slot), later ones by reference
+    first_sends = 2 * 4 * (1 if persistent else 2)  # at most one per slot of each worker (per incarnation)
+    assert stats.by_ref >= stats.slotted - first_sends and stats.by_ref > 0
     dl.close()
     del dl, first, second
     assert live_children() - before == set(), "worker processes left behind"
@@ -213,7 +217,7 @@ def test_receive_thread_yields_batches_with_their_slots_and_releases_on_close():
     rx = ReceiveThread(iter(s), receiver, depth=2)
     got = []
     for raw, slots in rx:
-        assert len(slots) == 1
+        assert len({(index, ticket) for _, index, ticket in slots}) == 1  # image (and labels) in one slot
         got.append([t.clone() for t in raw])
         receiver.release(slots)
     _assert_same(got, want)
@@ -243,3 +247,96 @@ def test_receive_thread_raises_the_loaders_error():
     with pytest.raises(KeyError, match="broken"):
         next(rx)
     rx.close()
+
+
+def _has_tensor(batch) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return True
+    if isinstance(batch, dict):
+        return any(_has_tensor(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return any(_has_tensor(v) for v in batch)
+    return False
+
+
+@pytest.mark.parametrize("dataset", [Images(n=48), DictImages(n=48)], ids=["tuple", "dict"])
+def test_known_slots_send_references_only(dataset):
+    """Once the receiver holds a slot, its batches carry no tensor at all (nothing to hand a
+    descriptor over for): image, labels, boxes all come back from the slot, equal to the ordinary ones."""
+    kw = {}
+    if isinstance(dataset, DictImages):
+        kw["collate_fn"] = pytest.importorskip("ultralytics.data.dataset").YOLODataset.collate_fn
+    s = slot_loader(_loader(dataset=dataset, persistent_workers=True, **kw))
+    receiver = slot_pool_of(s).receiver()
+    want = list(_loader(dataset=dataset, **kw))
+    for _ in range(2):
+        by_ref = 0
+        got = []
+        for raw in s:
+            by_ref += not _has_tensor(raw)
+            batch, slots = receiver.receive(raw)
+            assert not any(isinstance(v, SlotRef) for v in (batch.values() if isinstance(batch, dict) else batch))
+            got.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+                       if isinstance(batch, dict) else [t.clone() for t in batch])
+            receiver.release(slots)
+        if isinstance(dataset, DictImages):  # bboxes are random per call: compare their shapes
+            assert [a["bboxes"].shape for a in got] == [b["bboxes"].shape for b in want]
+            _assert_same([{k: v for k, v in a.items() if k != "bboxes"} for a in got],
+                         [{k: v for k, v in b.items() if k != "bboxes"} for b in want])
+        else:
+            _assert_same(got, [list(b) for b in want])
+        assert by_ref >= len(want) - 2 * 4  # all but each slot's first batch
+    assert slot_pool_of(s).stats().by_ref >= 2 * len(want) - 2 * 4
+    receiver.close()
+
+
+def test_a_tensor_too_big_for_the_slot_reserve_travels_the_ordinary_way():
+    class BigLabels(Images):
+        def __getitem__(self, i):
+            img, _ = super().__getitem__(i)
+            return img, torch.full((40_000,), float(i))  # 4 x 160 KB per batch > the 256 KB reserve
+
+    dl = DeviceLoader(_loader(dataset=BigLabels(n=40)), device="cpu", reuse_buffers=True)
+    want = [list(b) for b in _loader(dataset=BigLabels(n=40))]
+    for _ in range(2):
+        _assert_same([list(b) for b in dl], want)
+    assert dl.slot_stats().by_ref > 0
+
+
+def test_a_reference_the_receiver_does_not_hold_raises():
+    pool = SlotPool(1, 1)
+    receiver = pool.receiver()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        receiver.receive({"img": SlotRef(12345, 0, 1, HEADER_BYTES, (2,), torch.uint8)})
+    assert pool.receiver() is receiver
+
+
+def test_a_reference_to_an_overwritten_slot_raises():
+    s = slot_loader(_loader(dataset=Images(n=8)))
+    receiver = slot_pool_of(s).receiver()
+    img, _ = next(iter(s))
+    batch, slots = receiver.receive((img, 0))
+    (t, index, ticket), = slots
+    storage_id = int(_header_of(t)[3])
+    with pytest.raises(RuntimeError, match="overwritten"):
+        receiver.receive((SlotRef(storage_id, index, ticket + 1, HEADER_BYTES, tuple(img.shape), img.dtype),))
+    receiver.release(slots)
+    receiver.close()
+
+
+def _header_of(t):
+    from pipeline_opt.shared_slots import _header
+
+    return _header(t.untyped_storage())
+
+
+def test_two_device_loaders_over_one_slot_loader_share_its_receiver():
+    s = slot_loader(_loader(dataset=Images(n=32), persistent_workers=True))
+    a = DeviceLoader(s, device="cpu", reuse_buffers=True)
+    b = DeviceLoader(s, device="cpu", reuse_buffers=True)
+    assert a._receiver is b._receiver
+    want = [list(x) for x in _loader(dataset=Images(n=32))]
+    for dl in (a, b, a):
+        _assert_same([list(x) for x in dl], want)
+    assert slot_pool_of(s).stats().by_ref > 0
+    a.close()

@@ -151,7 +151,7 @@ class DeviceLoader:
     def _use_slots(self) -> None:
         from torch.utils.data import DataLoader
 
-        from pipeline_opt.shared_slots import SlotReceiver, slot_loader, slot_pool_of
+        from pipeline_opt.shared_slots import slot_loader, slot_pool_of
 
         loader = self.loader
         if not isinstance(loader, DataLoader):
@@ -164,7 +164,7 @@ class DeviceLoader:
                 return
             loader = self.loader = slot_loader(loader)
             pool = slot_pool_of(loader)
-        self._receiver = SlotReceiver(pool, register=self.device.type == "cuda")
+        self._receiver = pool.receiver(register=self.device.type == "cuda")
         weakref.finalize(self, self._receiver.close)
 
     @property
@@ -175,6 +175,11 @@ class DeviceLoader:
     def slot_stats(self) -> Any:
         """:class:`~pipeline_opt.shared_slots.SlotStats` of the workers so far; None without ``reuse_buffers``."""
         return None if self._receiver is None else self._receiver.pool.stats()
+
+    def receive_stats(self) -> Any:
+        """:class:`~pipeline_opt.shared_slots.ReceiveStats` of the receiving thread so far (CUDA);
+        None without ``reuse_buffers``."""
+        return None if self._receiver is None else self._receiver.receive_stats()
 
     def close(self) -> None:
         """Shut the wrapped loader's workers down (its own ``close()``, or a persistent iterator's) and
@@ -222,7 +227,7 @@ class DeviceLoader:
             if receiver is None:
                 yield self.prepare(raw)
                 continue
-            slots = receiver.find(raw)
+            raw, slots = receiver.receive(raw)
             batch = _without_slots(self.prepare(raw))
             del raw
             receiver.release(slots)
