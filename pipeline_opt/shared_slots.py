@@ -534,6 +534,7 @@ class SlotReceiver:
         self._by_ptr: dict[int, _Held] = {}  # data_ptr -> every storage kept (current and retired)
         self._by_id: dict[int, _Held] = {}  # storage id -> the same storages
         self._registered: set[int] = set()
+        self._pending: set[int] = set()  # tickets received and not released yet, over every storage
         self._lock = threading.Lock()
         self.register_failed = False
         self._timing = [0, 0.0, 0.0]  # batches, wait s, work s (the receiving thread's)
@@ -590,6 +591,9 @@ class SlotReceiver:
             held = self._by_id.get(ref.storage_id)
             if held is not None:
                 held.pending.add(ref.ticket)
+                self._pending.add(ref.ticket)
+        if held is not None:
+            self._reclaim_lost(ref.index, ref.ticket)
         if held is None:
             raise RuntimeError(
                 f"a batch refers to shared slot {ref.index} (storage {ref.storage_id:#x}), which this "
@@ -612,6 +616,7 @@ class SlotReceiver:
                 if self.register and not self.register_failed:
                     self._pin(ptr, storage.nbytes())
             held.pending.add(ticket)
+            self._pending.add(ticket)
             old = self._at.get(index)
             if old is not held:
                 self._at[index] = held
@@ -620,6 +625,26 @@ class SlotReceiver:
                     self._drop_if_done(old)
             if announce and storage_id and 0 <= index < self.pool.known.numel():
                 self.pool.known[index] = storage_id
+        self._reclaim_lost(index, ticket)
+
+    def _reclaim_lost(self, index: int, ticket: int) -> None:
+        """Free the slots of batches the loader dropped before they reached this receiver.
+
+        A worker's batches arrive in the order it made them (the loader yields them in sampler
+        order, and a worker works through its indices in that order), so when a batch with ticket
+        ``ticket`` arrives, a slot of the same worker process still flagged with an *earlier* ticket
+        that this receiver never received belongs to a batch that is gone: a persistent loader's
+        reset drains the batches in flight of an abandoned epoch. No release would ever come for it.
+        """
+        k = self.pool.slots_per_worker
+        if not 0 <= index < self.pool.flags.numel():
+            return
+        lo = index // k * k
+        pid, counter = ticket >> 32, ticket & 0xFFFFFFFF
+        for j, flag in enumerate(self.pool.flags[lo:lo + k].tolist()):
+            if flag and flag >> 32 == pid and (flag & 0xFFFFFFFF) < counter and flag not in self._pending:
+                if self.pool.release(lo + j, flag):
+                    log.debug("shared slots: slot %d of a dropped batch given back", lo + j)
 
     def _pin(self, ptr: int, nbytes: int) -> None:
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
@@ -654,6 +679,7 @@ class SlotReceiver:
             done.add((index, ticket))
             self.pool.release(index, ticket)
             with self._lock:
+                self._pending.discard(ticket)
                 held = self._by_ptr.get(t.untyped_storage().data_ptr())
                 if held is not None:
                     held.pending.discard(ticket)
@@ -671,6 +697,7 @@ class SlotReceiver:
             self._at.clear()
             self._by_ptr.clear()
             self._by_id.clear()
+            self._pending.clear()
 
 
 class _End:

@@ -340,3 +340,40 @@ def test_two_device_loaders_over_one_slot_loader_share_its_receiver():
         _assert_same([list(x) for x in dl], want)
     assert slot_pool_of(s).stats().by_ref > 0
     a.close()
+
+
+def test_batches_dropped_by_an_abandoned_epoch_give_their_slots_back():
+    """A persistent loader's iterator drops the batches in flight when iterated anew (its reset
+    drains them): their slots were never received, so no release would ever come for them."""
+    dl = DeviceLoader(_loader(dataset=Images(n=96), persistent_workers=True, prefetch_factor=2), device="cpu",
+                      reuse_buffers=True)
+    want = [list(b) for b in _loader(dataset=Images(n=96))]
+    for _ in range(4):  # each abandoned epoch drops ~prefetch_factor batches per worker
+        for i, _batch in enumerate(dl):
+            if i == 2:
+                break
+    before = dl.slot_stats()
+    _assert_same([list(b) for b in dl], want)
+    after = dl.slot_stats()
+    assert after.all_busy - before.all_busy <= 2, after  # the slots came back: the full epoch used them
+    assert after.slotted - before.slotted >= len(want) - 2
+    dl.close()
+
+
+@pytest.mark.cuda
+def test_cuda_abandoned_epochs_of_a_persistent_loader_stay_correct():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    base = _loader(dataset=Images(n=96, size=32), persistent_workers=True, prefetch_factor=2)
+    want = [list(b) for b in _loader(dataset=Images(n=96, size=32))]
+    dl = DeviceLoader(base, device="cuda", reuse_buffers=True)
+    held = []
+    for _ in range(3):
+        it = iter(dl)  # kept alive: its receiving thread must not keep taking from the reset iterator
+        held.append([t.cpu() for t in next(it)])
+    _assert_same(held, want[:1] * 3)
+    before = dl.slot_stats()
+    _assert_same([[t.cpu() for t in b] for b in dl], want)
+    after = dl.slot_stats()
+    assert after.slotted - before.slotted >= len(want) - 2 and after.by_ref > 0
+    dl.close()

@@ -145,6 +145,7 @@ class DeviceLoader:
         self.non_blocking = bool(non_blocking)
         self.batch_transform = batch_transform
         self._receiver = None
+        self._receiving = None  # the receiving thread of the latest CUDA iteration (shared slots)
         if reuse_buffers:
             self._use_slots()
 
@@ -237,11 +238,17 @@ class DeviceLoader:
     def _iter_cuda(self) -> Iterator[Any]:
         side = torch.cuda.Stream(device=self.device)
         copies: list[tuple[torch.cuda.Event, list]] = []  # slots being copied out of, oldest first
+        if self._receiver is not None and getattr(self.loader, "persistent_workers", False):
+            # a persistent DataLoader hands every iteration the same iterator: an abandoned
+            # iteration's receiving thread must stop taking from it before it is reset
+            previous, self._receiving = self.__dict__.get("_receiving"), None
+            if previous is not None:
+                previous.close()
         it = iter(self.loader)
         if self._receiver is not None:
             from pipeline_opt.shared_slots import ReceiveThread
 
-            it = ReceiveThread(it, self._receiver, prepare=_pin_small, device=self.device)
+            it = self._receiving = ReceiveThread(it, self._receiver, prepare=_pin_small, device=self.device)
         try:
             pending = self._submit(it, side, copies)
             while pending is not _END:
