@@ -24,6 +24,7 @@ Every row is in images per second; ``seconds_per_call`` holds the raw time.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -187,34 +188,100 @@ def cpu_rows(sizes: Sizes) -> list[H.Row]:
     return rows
 
 
-def decode_rows(sizes: Sizes) -> list[H.Row]:
-    """Per-image JPEG decoding on one core: Pillow (stock or SIMD), draft, OpenCV, torchvision."""
-    import cv2
-    import torchvision
+PILLOW_OPS = ("decode", "decode+resize", "draft decode+resize")
+
+
+class _Blobs:
+    """The benchmark's JPEGs in memory, handed out round-robin."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        folder, _ = H.image_folder(8, sizes.jpeg_size)
+        self.blobs = [f.read_bytes() for f in sorted(folder.rglob("*.jpg"))]
+        self.i = 0
+
+    def __call__(self) -> bytes:
+        self.i = (self.i + 1) % len(self.blobs)
+        return self.blobs[self.i]
+
+
+def _pillow_fns(sizes: Sizes, blob: _Blobs) -> dict[str, Callable[[], Any]]:
     from PIL import Image
 
-    flavour = H.pillow_flavour()["flavour"]
-    folder, _ = H.image_folder(8, sizes.jpeg_size)
-    files = sorted(folder.rglob("*.jpg"))
-    blobs = [f.read_bytes() for f in files]
     crop = (sizes.crop, sizes.crop)
-    state = {"i": 0}
 
-    def blob() -> bytes:
-        state["i"] = (state["i"] + 1) % len(blobs)
-        return blobs[state["i"]]
+    def decode() -> Any:
+        return Image.open(io.BytesIO(blob())).convert("RGB")
 
-    def pil_decode() -> Any:
-        im = Image.open(io.BytesIO(blob()))
-        return im.convert("RGB")
+    def decode_resize() -> Any:
+        return decode().resize(crop, Image.BILINEAR)
 
-    def pil_decode_resize() -> Any:
-        return pil_decode().resize(crop, Image.BILINEAR)
-
-    def pil_draft_resize() -> Any:
+    def draft_resize() -> Any:
         im = Image.open(io.BytesIO(blob()))
         im.draft("RGB", crop)
         return im.convert("RGB").resize(crop, Image.BILINEAR)
+
+    return dict(zip(PILLOW_OPS, (decode, decode_resize, draft_resize)))
+
+
+def _time_one_core(fns: dict[str, Callable[[], Any]], sizes: Sizes) -> dict[str, list[float]]:
+    import cv2
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        return {label: H.time_callable(fn, None, reps=sizes.cpu_reps, max_seconds=sizes.max_seconds)
+                for label, fn in fns.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _decode_row(label: str, times: list[float], sizes: Sizes, flavour: str | None) -> H.Row:
+    meta = {"op": "decode", "side": "cpu", "jpeg_size": list(sizes.jpeg_size)}
+    if flavour is not None:
+        meta.update(pillow=flavour, pillow_op=label)
+    return H.row_of_times(f"cpu {label}{'' if flavour is None else ' ' + flavour} (per image, 1 core)", times, 1,
+                          meta)
+
+
+def pillow_times(sizes: Sizes) -> dict[str, Any]:
+    """The Pillow decode rows' raw seconds with the Pillow this process imports (``--pillow-only``)."""
+    return {**H.pillow_flavour(), "times": _time_one_core(_pillow_fns(sizes, _Blobs(sizes)), sizes)}
+
+
+def other_pillow_rows(sizes: Sizes, site_dir: str, quick: bool) -> list[H.Row]:
+    """The Pillow rows again in a child process that imports Pillow from ``site_dir`` first (a
+    Pillow-SIMD build): both flavours measured in one run on one machine."""
+    import json
+    import os
+    import subprocess
+
+    name = "cpu decode pillow-simd (per image, 1 core)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (site_dir, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "benchmarks.bench_transforms", "--pillow-only"] + (["--quick"] if quick else [])
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                              timeout=max(60.0, 10 * sizes.max_seconds * len(PILLOW_OPS)))
+    except subprocess.TimeoutExpired:
+        return [H.not_run(name, "failed", f"the child timing Pillow from {site_dir} ran past its limit")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [H.not_run(name, "failed", f"Pillow from {site_dir}: rc={proc.returncode}: {tail[0][:300]}")]
+    got = json.loads(lines[-1])
+    if got["flavour"] != "pillow-simd":
+        return [H.not_run(name, "skipped", f"{site_dir} holds {got['flavour']} {got['version']}, not Pillow-SIMD")]
+    return [_decode_row(label, got["times"][label], sizes, "pillow-simd") for label in PILLOW_OPS]
+
+
+def decode_rows(sizes: Sizes, simd_dir: str | None = None, quick: bool = False) -> list[H.Row]:
+    """Per-image JPEG decoding on one core: Pillow (stock, and Pillow-SIMD from ``simd_dir`` in a
+    child process), draft, OpenCV, torchvision."""
+    import cv2
+    import torchvision
+
+    flavour = H.pillow_flavour()["flavour"]
+    blob = _Blobs(sizes)
 
     def cv2_decode() -> Any:
         return cv2.imdecode(np.frombuffer(blob(), np.uint8), cv2.IMREAD_COLOR)
@@ -222,25 +289,30 @@ def decode_rows(sizes: Sizes) -> list[H.Row]:
     def tv_decode() -> Any:
         return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(blob()), dtype=torch.uint8))
 
-    fns = {f"decode {flavour}": pil_decode, f"decode+resize {flavour}": pil_decode_resize,
-           f"draft decode+resize {flavour}": pil_draft_resize, "decode opencv imdecode": cv2_decode,
-           "decode torchvision decode_jpeg (cpu)": tv_decode}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cv2.setNumThreads(1)
-    rows = []
-    try:
-        for label, fn in fns.items():
-            times = H.time_callable(fn, None, reps=sizes.cpu_reps, max_seconds=sizes.max_seconds)
-            rows.append(H.row_of_times(f"cpu {label} (per image, 1 core)", times, 1,
-                                       {"op": "decode", "side": "cpu", "jpeg_size": list(sizes.jpeg_size),
-                                        "pillow": flavour}))
-    finally:
-        torch.set_num_threads(threads)
-    if flavour != "pillow-simd":
+    times = _time_one_core(_pillow_fns(sizes, blob), sizes)
+    rows = [_decode_row(label, times[label], sizes, flavour) for label in PILLOW_OPS]
+    others = _time_one_core({"decode opencv imdecode": cv2_decode, "decode torchvision decode_jpeg (cpu)": tv_decode},
+                            sizes)
+    rows += [_decode_row(label, t, sizes, None) for label, t in others.items()]
+    if flavour == "pillow-simd":
+        pass
+    elif simd_dir:
+        rows += other_pillow_rows(sizes, simd_dir, quick)
+    else:
         rows.append(H.not_run("cpu decode pillow-simd (per image, 1 core)", "skipped",
-                              "Pillow-SIMD is not installed in this environment (make simd, then rerun)"))
+                              "no Pillow-SIMD given (--pillow-simd DIR, or make simd and rerun)"))
     return rows
+
+
+def pillow_summary(rows: list[H.Row]) -> dict[str, Any]:
+    """Per Pillow op: Pillow-SIMD's images/s over stock Pillow's, when both ran."""
+    out = {}
+    for op in PILLOW_OPS:
+        by = {r.meta.get("pillow"): r for r in rows if r.status == "ok" and r.meta.get("pillow_op") == op}
+        if "pillow" in by and "pillow-simd" in by:
+            out[op] = {"pillow": by["pillow"].median, "pillow_simd": by["pillow-simd"].median,
+                       "simd_vs_stock": H.ratio(by["pillow-simd"], by["pillow"])}
+    return out
 
 
 def summarize(rows: list[H.Row]) -> dict[str, Any]:
@@ -269,25 +341,42 @@ def run(args: Any) -> Path:
         sizes = replace(sizes, budget_s=args.budget_s)
     device = H.pick_device(args.device)
     rows = []
-    for part in (lambda: gpu_rows(sizes, device), lambda: cpu_rows(sizes), lambda: decode_rows(sizes)):
+    simd_dir = args.pillow_simd or os.environ.get("PO_PILLOW_SIMD_DIR") or None
+    for part in (lambda: gpu_rows(sizes, device), lambda: cpu_rows(sizes),
+                 lambda: decode_rows(sizes, simd_dir, args.quick)):
         try:
             rows += part()
         except Exception as exc:  # one failing part must not lose the others
             H.log.exception("part failed")
             rows.append(H.not_run(f"part {len(rows)}", "failed", f"{type(exc).__name__}: {exc}"))
-    summary = summarize(rows)
+    summary = {**summarize(rows), "pillow_simd": pillow_summary(rows)}
     path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                           started=started, ledger={"model": "transforms", "ddp": False, "amp": ""})
     print(H.format_table(rows, title=f"{NAME} ({device})"))
     for op, entry in summary.items():
+        if op == "pillow_simd":
+            for name, e in entry.items():
+                print(f"{name:<20} pillow-simd / pillow = {e['simd_vs_stock']:.2f}")
+            continue
         print(f"{op:<10} gpu/batch={entry['gpu_seconds_per_batch']}  one-worker/batch="
               f"{entry['cpu_worker_seconds_per_batch']}  x={entry.get('gpu_speedup_vs_one_worker')}")
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = H.common_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = H.common_parser(__doc__.splitlines()[0])
+    parser.add_argument("--pillow-simd", default=None, metavar="DIR",
+                        help="a site directory holding a Pillow-SIMD build: its decode rows are timed in a child "
+                             "process next to the stock ones (default: $PO_PILLOW_SIMD_DIR)")
+    parser.add_argument("--pillow-only", action="store_true",
+                        help="only time the Pillow decode rows and print their seconds as JSON (the child's mode)")
+    args = parser.parse_args(argv)
     H.setup(args)
+    if args.pillow_only:
+        import json
+
+        print(json.dumps(pillow_times(QUICK if args.quick else Sizes())))
+        return 0
     path = run(args)
     print(f"wrote {path}")
     return 0

@@ -2,12 +2,19 @@
 # One call on the lent GPU machine: install the carried wheels, then run the named steps.
 #   benchmarks/device_call.sh cuda-tests classification       (the first call)
 #   benchmarks/device_call.sh yolo transforms overhead        (the second call)
+# carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
 # Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
 set -u
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PO_COMMIT="${PO_COMMIT:-unknown}"
+# a Pillow-SIMD wheel (benchmarks/build_pillow_simd_wheel.sh) goes to its own site directory: only
+# bench_transforms' child process imports it, next to the stock Pillow rows
+for w in .whl_simd/*.whl; do
+  [ -f "$w" ] || continue
+  python3 -m zipfile -e "$w" /tmp/simd && export PO_PILLOW_SIMD_DIR=/tmp/simd || echo "pillow-simd unpack failed"
+done
 export YOLO_OFFLINE=1 YOLO_AUTOINSTALL=0
 BENCH_DIR=/tmp/po_bench
 mkdir -p "$BENCH_DIR"

@@ -203,7 +203,20 @@ def test_transforms_reports_the_pillow_flavour(results):
     res = results["bench_transforms"]
     flavour = res["env"]["versions"]["pillow"]["flavour"]
     assert any(r["name"].startswith(f"cpu decode {flavour}") for r in res["rows"])
-    assert set(res["summary"]) == {"normalize", "resize", "hsv", "flip", "affine"}
+    assert set(res["summary"]) == {"normalize", "resize", "hsv", "flip", "affine", "pillow_simd"}
+
+
+def test_pillow_simd_rows_come_from_a_child_importing_the_given_site(tmp_path):
+    """A site directory without Pillow-SIMD gives a skipped row that says what it held; the summary
+    pairs the two flavours' rows op by op."""
+    from benchmarks import bench_transforms as T
+
+    rows = T.other_pillow_rows(T.QUICK, str(tmp_path), quick=True)
+    assert len(rows) == 1 and rows[0].status == "skipped" and "not Pillow-SIMD" in rows[0].reason
+    stock = T._decode_row("decode", [0.01, 0.01, 0.012], T.QUICK, "pillow")
+    simd = T._decode_row("decode", [0.005, 0.005, 0.006], T.QUICK, "pillow-simd")
+    assert T.pillow_summary([stock, simd])["decode"]["simd_vs_stock"] == pytest.approx(2.0)
+    assert T.pillow_summary([stock]) == {}
 
 
 @pytest.mark.slow
