@@ -30,9 +30,13 @@ and the training thread's own CPU seconds per step:
                                 receives the batches itself and drops them unpinned)
     ... drained, file_system    the same with torch's file_system sharing strategy in the workers
                                 (shared-memory files by name instead of passed descriptors)
+    default, workers timed      the default loader with its collate function timed per worker
+                                (time between batches = loading samples; collating)
     default, shared slots       the default loader's settings with pipeline_opt's shared slots: the
                                 workers write the images into reused shared-memory buffers that
-                                the training process page-locks once (pipeline_opt.shared_slots)
+                                the training process page-locks once (pipeline_opt.shared_slots);
+                                its meta has the workers' and the receiving thread's time per batch
+    ... shared slots, not page-locked   the same without cudaHostRegister (a diagnostic)
 
 With --sample, a thread samples every Python thread's innermost frame every 2 ms during every
 window (the counts go into each row's meta): where the training thread and the pin-memory thread
@@ -313,15 +317,23 @@ class _Lazy:
         return self.value
 
 
-class SlotsRow:
-    """The default loader's settings through shared slots, built once; its slot counts go in the row's meta."""
+def _per_batch_ms(seconds: float, batches: int) -> float | None:
+    return round(1e3 * seconds / batches, 2) if batches else None
 
-    def __init__(self, bench: Bench) -> None:
-        self.bench, self.loader, self.row = bench, None, None
+
+class SlotsRow:
+    """The default loader's settings through shared slots, built once; its slot counts, the workers'
+    time per batch and the receiving thread's go in the row's meta. ``page_locked=False`` leaves the
+    slots pageable (a diagnostic: copies from them are then synchronous)."""
+
+    def __init__(self, bench: Bench, page_locked: bool = True) -> None:
+        self.bench, self.loader, self.row, self.page_locked = bench, None, None, page_locked
 
     def candidate(self, step: Any) -> ProbedCandidate:
-        self.row = ProbedCandidate("default, shared slots", self, step, count=_count, on_close=self.close,
-                                   meta={"what": "default settings, images through reused page-locked worker buffers"})
+        name = "default, shared slots" + ("" if self.page_locked else ", not page-locked")
+        self.row = ProbedCandidate(name, self, step, count=_count, on_close=self.close,
+                                   meta={"what": "default settings, images through reused worker buffers",
+                                         "page_locked": self.page_locked})
         return self.row
 
     def __call__(self) -> Any:
@@ -330,15 +342,76 @@ class SlotsRow:
 
             self.loader = DeviceLoader(self.bench.base.loader, device=self.bench.device,
                                        reuse_buffers=True)
+            if not self.page_locked:
+                self.loader._receiver.register = False  # diagnostic only: no cudaHostRegister of the slots
         return self.loader
 
     def close(self, loader: Any) -> None:
         stats = loader.slot_stats()
-        self.row.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
+        if stats is not None:
+            self.row.meta["slot_stats"] = {**asdict(stats), "slotted_frac": stats.slotted_frac,
+                                           "worker_fetch_ms_per_batch": _per_batch_ms(stats.fetch_s, stats.total),
+                                           "worker_collate_ms_per_batch": _per_batch_ms(stats.collate_s, stats.total)}
         rx = loader.receive_stats()
         self.row.meta["receive_stats"] = None if rx is None else {**asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch,
                                                            "work_ms_per_batch": rx.work_ms_per_batch}
         loader.close()
+
+
+class TimedCollate:
+    """A loader's collate function, timed per worker (the default path's counterpart of the slot
+    rows' worker timing): seconds between batches (loading samples) and collating."""
+
+    def __init__(self, collate_fn: Any, workers: int) -> None:
+        self.collate_fn = collate_fn
+        self.counters = torch.zeros(workers, 3, dtype=torch.int64).share_memory_()  # batches, fetch ns, collate ns
+        self.last_end_ns = 0
+
+    def __call__(self, samples: list) -> Any:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None or info.id >= self.counters.shape[0]:
+            return self.collate_fn(samples)
+        start = time.perf_counter_ns()
+        try:
+            return self.collate_fn(samples)
+        finally:
+            end = time.perf_counter_ns()
+            row = self.counters[info.id]
+            row[0] += 1
+            if self.last_end_ns:
+                row[1] += start - self.last_end_ns
+            row[2] += end - start
+            self.last_end_ns = end
+
+    def meta(self) -> dict[str, Any]:
+        n, fetch, collate = self.counters.sum(dim=0).tolist()
+        return {"batches": n, "worker_fetch_ms_per_batch": _per_batch_ms(fetch * 1e-9, n),
+                "worker_collate_ms_per_batch": _per_batch_ms(collate * 1e-9, n)}
+
+
+class TimedDefaultRow:
+    """The default loader with its workers' time per batch measured (TimedCollate)."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench, self.loader, self.timed, self.row = bench, None, None, None
+
+    def candidate(self, step: Any) -> ProbedCandidate:
+        self.row = ProbedCandidate("default, workers timed", self, step, count=_count, on_close=self.close,
+                                   meta={"what": "the default loader, its collate function timed per worker"})
+        return self.row
+
+    def __call__(self) -> Any:
+        if self.loader is None:
+            base = self.bench.base.loader
+            self.timed = TimedCollate(base.collate_fn, base.num_workers)
+            self.loader = clone_loader(base, collate_fn=self.timed)
+        return self.loader
+
+    def close(self, loader: Any) -> None:
+        self.row.meta["worker_stats"] = self.timed.meta()
+        _close_loader(loader)
 
 
 def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
@@ -365,7 +438,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         return bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
                            device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False, **kw)
 
-    slots = SlotsRow(bench)
+    slots, pageable_slots, timed = SlotsRow(bench), SlotsRow(bench, page_locked=False), TimedDefaultRow(bench)
     cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
@@ -390,7 +463,9 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
         ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,
                         count=_count, on_close=_close_loader),
+        timed.candidate(step),
         slots.candidate(step),
+        pageable_slots.candidate(step),
         ProbedCandidate(f"ring + loader drained (replay of {len(batches)}, default loader running)",
                         lambda: DrainedRing(clone_loader(bench.base.loader), batches), step, count=_count,
                         on_close=lambda src: src.close(),

@@ -65,7 +65,7 @@ LOCK_TIMEOUT_S = 1.0
 DEFAULT_EXTRA_SLOTS = 2  # beyond prefetch_factor: the batch being copied and the one before it
 
 # counters per worker (columns of SlotPool.counters)
-_SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED, _BY_REF = range(5)
+_SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED, _BY_REF, _FETCH_NS, _COLLATE_NS = range(7)
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,12 @@ class SlotStats:
     alloc_failed: int  # the ordinary way: a slot could not be allocated (shared memory full)
     unsupported: int  # the ordinary way: no image tensor, or a second live process with the same worker id
     by_ref: int = 0  # of ``slotted``: sent as references to a slot the receiver holds (no descriptors)
+    fetch_s: float = 0.0  # the workers' seconds between batches (loading the samples, handing the last batch on)
+    collate_s: float = 0.0  # the workers' seconds collating (writing the slots included)
+
+    @property
+    def batches(self) -> int:
+        return self.total
 
     @property
     def total(self) -> int:
@@ -108,7 +114,7 @@ class SlotPool:
         self.slots_per_worker = slots_per_worker
         self.flags = torch.zeros(num_workers * slots_per_worker, dtype=torch.int64).share_memory_()
         self.owners = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
-        self.counters = torch.zeros(num_workers, 5, dtype=torch.int64).share_memory_()
+        self.counters = torch.zeros(num_workers, 7, dtype=torch.int64).share_memory_()
         self.known = torch.zeros(num_workers * slots_per_worker, dtype=torch.int64).share_memory_()
         self.lock = ctx.Lock()
         self._receiver: SlotReceiver | None = None  # the training process's, never pickled
@@ -133,10 +139,11 @@ class SlotPool:
         """Counts over every worker so far."""
         c = self.counters.sum(dim=0).tolist()
         return SlotStats(slotted=int(c[_SLOTTED]), all_busy=int(c[_BUSY]), alloc_failed=int(c[_ALLOC_FAILED]),
-                         unsupported=int(c[_UNSUPPORTED]), by_ref=int(c[_BY_REF]))
+                         unsupported=int(c[_UNSUPPORTED]), by_ref=int(c[_BY_REF]), fetch_s=c[_FETCH_NS] * 1e-9,
+                         collate_s=c[_COLLATE_NS] * 1e-9)
 
-    def count(self, worker_id: int, what: int) -> None:
-        self.counters[worker_id, what] += 1  # one writer per row: the worker itself
+    def count(self, worker_id: int, what: int, n: int = 1) -> None:
+        self.counters[worker_id, what] += n  # one writer per row: the worker itself
 
     # ------------------------------------------------------------------ worker side
 
@@ -288,6 +295,7 @@ class _WorkerSlots:
         self.owner = pool.take_over(worker_id, self.pid)
         self.storages: dict[int, tuple[torch.UntypedStorage, int]] = {}  # flag index -> storage, its id
         self.counter = 0
+        self.last_end_ns = 0  # when the previous collate call returned
 
     def take(self, nbytes: int) -> _Claim | None:
         """A claimed slot with room for an ``nbytes`` image after its header (and a reserve for the rest)."""
@@ -357,6 +365,16 @@ class SlotCollate:
         slots = self._worker_slots()
         if slots is None:
             return self.collate_fn(samples)
+        start = time.perf_counter_ns()
+        if slots.last_end_ns:
+            self.pool.count(slots.worker_id, _FETCH_NS, start - slots.last_end_ns)
+        try:
+            return self._collate(samples, slots)
+        finally:
+            slots.last_end_ns = end = time.perf_counter_ns()
+            self.pool.count(slots.worker_id, _COLLATE_NS, end - start)
+
+    def _collate(self, samples: list, slots: _WorkerSlots) -> Any:
         if not slots.owner:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return self.collate_fn(samples)

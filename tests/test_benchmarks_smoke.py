@@ -254,5 +254,8 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert all(v is not None and v > 0 for v in per_step.values()), per_step
     slots = next(r for r in res["rows"] if r["name"] == "default, shared slots")
     assert slots["throughput"] > 0 and "slot_stats" in slots["meta"]
+    assert slots["meta"]["slot_stats"]["worker_fetch_ms_per_batch"] > 0
+    timed = next(r for r in res["rows"] if r["name"] == "default, workers timed")
+    assert timed["meta"]["worker_stats"]["batches"] > 0 and timed["meta"]["worker_stats"]["worker_fetch_ms_per_batch"] > 0
     gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
     assert "RandomHSV" in gpu_row["meta"]["cpu_stages_disabled"]

@@ -84,6 +84,7 @@ def test_device_loader_with_slots_yields_the_ordinary_batches(persistent):
     # a slot's first batch travels as tensors (the receiver learns the slot), later ones by reference
     first_sends = 2 * 4 * (1 if persistent else 2)  # at most one per slot of each worker (per incarnation)
     assert stats.by_ref >= stats.slotted - first_sends and stats.by_ref > 0
+    assert stats.fetch_s > 0 and stats.collate_s > 0  # the workers' own timing
     dl.close()
     del dl, first, second
     assert live_children() - before == set(), "worker processes left behind"
