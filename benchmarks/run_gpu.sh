@@ -8,7 +8,8 @@
 #   benchmarks/run_gpu.sh yolo transforms overhead # about 7 minutes
 #
 # Environment: OUT, PYTHON (python3), PO_BENCH_TOTAL_S (wall guard for this call, default 575 s),
-# PO_BENCH_ARGS (extra arguments for every script, e.g. "--rounds 2"), PO_COMMIT (when .git is absent).
+# PO_BENCH_ARGS (extra arguments for every script, e.g. "--rounds 2"), PO_BENCH_ARGS_<name> (one
+# script's own, instead of PO_BENCH_ARGS), PO_COMMIT (when .git is absent).
 set -u
 cd "$(dirname "$0")/.."
 COMMIT="${PO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
@@ -40,8 +41,10 @@ for b in $BENCHES; do
   fi
   echo "[run_gpu] bench_$b (limit ${limit}s) -> $OUT/logs/bench_$b.log"
   t0=$(date +%s)
+  own="PO_BENCH_ARGS_$b"  # e.g. PO_BENCH_ARGS_yolo_gap="--rows default_(": this benchmark's own, replacing PO_BENCH_ARGS
+  args="${!own-$ARGS}"
   # shellcheck disable=SC2086
-  timeout -k 15 "$limit" "$PY" -m "benchmarks.bench_$b" --out "$OUT" $ARGS > "$OUT/logs/bench_$b.log" 2>&1
+  timeout -k 15 "$limit" "$PY" -m "benchmarks.bench_$b" --out "$OUT" $args > "$OUT/logs/bench_$b.log" 2>&1
   rc=$?
   dt=$(( $(date +%s) - t0 ))
   if [ "$rc" -eq 0 ]; then
