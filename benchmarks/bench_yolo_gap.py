@@ -38,6 +38,10 @@ and the training thread's own CPU seconds per step:
                                 its meta has the workers' and the receiving thread's time per batch
     ... shared slots, not page-locked   the same without cudaHostRegister (a diagnostic)
 
+Every row that keeps its source runs 8 s of untimed steps once, right after it is built, before
+its first window: a loader built for the benchmark then starts as warm as the default one (in
+the run at 29e6c15 every freshly built loader's first window read 30-50% slower, its later ones not).
+
 With --sample, a thread samples every Python thread's innermost frame every 2 ms during every
 window (the counts go into each row's meta): where the training thread and the pin-memory thread
 spend their wall time.
@@ -79,11 +83,12 @@ class Sizes:
     busy_procs: int = 8
     busy_image: int = 640
     ring_batches: int = 16
+    warmup_s: float = 8.0  # untimed steps once per row before its first window (fresh loaders warm up)
 
 
 QUICK = Sizes(yolo=YoloSizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, rounds=2,
                              budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0),
-              busy_procs=1, busy_image=64, ring_batches=3)
+              busy_procs=1, busy_image=64, ring_batches=3, warmup_s=0.5)
 
 
 def _busy(stop: Any, size: int) -> None:
@@ -509,6 +514,8 @@ def run(args: Any) -> Path:
     cands = select(candidates(bench, sizes), args.rows)
     for c in cands:
         c.sample = args.sample
+        if not c.fresh:
+            c.warmup_s = sizes.warmup_s
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
     cands[0].reset_probes()
     measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,

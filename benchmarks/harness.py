@@ -360,14 +360,19 @@ class Candidate:
     prefetch_factor`` of the source, at least ``min_discard``); ``on_close(source)`` releases what
     the source holds beyond its iterator (e.g. a profiler); ``fresh=True`` builds a new source for
     every window and closes it afterwards (for sources that must not be alive together, such as
-    torch.profiler sessions: only one may run at a time).
+    torch.profiler sessions: only one may run at a time). ``warmup_s`` runs untimed steps for that
+    long once, right after the source is built, so that a loader built for the benchmark is as warm
+    as one that ran before (its workers' caches and buffers filled) when its first window starts.
     """
 
     def __init__(self, name: str, factory: Callable[[], Iterable], step: Callable[[Any], Any],
                  count: Callable[[Any], int] | None = None, discard: int | None = None,
                  min_discard: int = 2, meta: dict | None = None,
-                 on_close: Callable[[Any], None] | None = None, fresh: bool = False) -> None:
+                 on_close: Callable[[Any], None] | None = None, fresh: bool = False,
+                 warmup_s: float = 0.0) -> None:
         self.name = name
+        self.warmup_s = warmup_s
+        self.warmup_steps = 0
         self.fresh = fresh
         self.on_close = on_close
         self.factory = factory
@@ -389,6 +394,10 @@ class Candidate:
             self.startup_s = time.perf_counter() - t0
             if self.discard is None:
                 self.discard = max(self.min_discard, prefilled_batches(self.source))
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < self.warmup_s:
+                self.step(self._next())
+                self.warmup_steps += 1
 
     def _next(self) -> Any:
         try:
@@ -507,7 +516,8 @@ def rows_of(candidates: Sequence[Candidate], measured: dict[str, Measured]) -> l
     rows = []
     for cand in candidates:
         m = measured[cand.name]
-        meta = {**cand.meta, "startup_s": cand.startup_s, "discarded_per_window": cand.discard}
+        meta = {**cand.meta, "startup_s": cand.startup_s, "discarded_per_window": cand.discard,
+                "warmup_s": cand.warmup_s, "warmup_steps": cand.warmup_steps}
         if m.windows:
             rows.append(row_of_windows(cand.name, m.windows, meta))
         elif m.error is not None:
