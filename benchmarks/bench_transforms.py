@@ -236,10 +236,11 @@ def _time_one_core(fns: dict[str, Callable[[], Any]], sizes: Sizes) -> dict[str,
         torch.set_num_threads(threads)
 
 
-def _decode_row(label: str, times: list[float], sizes: Sizes, flavour: str | None) -> H.Row:
+def _decode_row(label: str, times: list[float], sizes: Sizes, flavour: str | None,
+                version: str | None = None) -> H.Row:
     meta = {"op": "decode", "side": "cpu", "jpeg_size": list(sizes.jpeg_size)}
     if flavour is not None:
-        meta.update(pillow=flavour, pillow_op=label)
+        meta.update(pillow=flavour, pillow_op=label, pillow_version=version)
     return H.row_of_times(f"cpu {label}{'' if flavour is None else ' ' + flavour} (per image, 1 core)", times, 1,
                           meta)
 
@@ -271,7 +272,7 @@ def other_pillow_rows(sizes: Sizes, site_dir: str, quick: bool) -> list[H.Row]:
     got = json.loads(lines[-1])
     if got["flavour"] != "pillow-simd":
         return [H.not_run(name, "skipped", f"{site_dir} holds {got['flavour']} {got['version']}, not Pillow-SIMD")]
-    return [_decode_row(label, got["times"][label], sizes, "pillow-simd") for label in PILLOW_OPS]
+    return [_decode_row(label, got["times"][label], sizes, "pillow-simd", got["version"]) for label in PILLOW_OPS]
 
 
 def decode_rows(sizes: Sizes, simd_dir: str | None = None, quick: bool = False) -> list[H.Row]:
@@ -290,7 +291,8 @@ def decode_rows(sizes: Sizes, simd_dir: str | None = None, quick: bool = False) 
         return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(blob()), dtype=torch.uint8))
 
     times = _time_one_core(_pillow_fns(sizes, blob), sizes)
-    rows = [_decode_row(label, times[label], sizes, flavour) for label in PILLOW_OPS]
+    version = H.pillow_flavour()["version"]
+    rows = [_decode_row(label, times[label], sizes, flavour, version) for label in PILLOW_OPS]
     others = _time_one_core({"decode opencv imdecode": cv2_decode, "decode torchvision decode_jpeg (cpu)": tv_decode},
                             sizes)
     rows += [_decode_row(label, t, sizes, None) for label, t in others.items()]
