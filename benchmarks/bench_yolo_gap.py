@@ -506,6 +506,8 @@ def run(args: Any) -> Path:
     if args.budget_s:
         y = replace(y, budget_s=args.budget_s)
     sizes = replace(sizes, yolo=y)
+    if getattr(args, "warmup_s", None) is not None:
+        sizes = replace(sizes, warmup_s=args.warmup_s)
     device = H.pick_device(args.device)
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(args.seed)
@@ -543,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     p = H.common_parser(__doc__.splitlines()[0])
     p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
     p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
+    p.add_argument("--warmup-s", type=float, default=None, help="untimed steps per row before its first window "
+                                                                 "(default 8)")
     args = p.parse_args(argv)
     H.setup(args)
     path = run(args)
