@@ -490,7 +490,13 @@ def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandida
     (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted)."""
     if not rows:
         return cands
-    wanted = [w.strip().replace("_", " ") for w in rows.split(",") if w.strip()]
+    pieces: list[str] = []
+    for w in rows.split(","):  # "default,_shared" is the prefix "default, shared" (a name with a comma)
+        if w.startswith("_") and pieces:
+            pieces[-1] += "," + w
+        else:
+            pieces.append(w)
+    wanted = [w.strip().replace("_", " ") for w in pieces if w.strip()]
     picked = [c for c in cands[1:] if any(c.name.startswith(w) for w in wanted)]
     if not picked:
         raise SystemExit(f"--rows {rows!r} matches no row; the rows are: {[c.name for c in cands]}")

@@ -92,7 +92,7 @@ def autotune(
             draws (restored afterwards); None leaves them running.
         min_gain: the smallest relative gain a change must show (on top of the measured noise).
         profiler: the profiler producing the baseline / best reports (default :func:`pipeline_opt.profile`).
-        shared_slots: (opt-in: slower than the default on the H200 so far) on CUDA, with workers, try delivering the image tensors through reused,
+        shared_slots: (opt-in: within noise of the default on the H200 so far) on CUDA, with workers, try delivering the image tensors through reused,
             page-locked shared-memory slots (:mod:`pipeline_opt.shared_slots`) instead of a fresh
             segment per batch; ``result.loader`` is then a ``DeviceLoader`` yielding device batches.
 
