@@ -365,7 +365,8 @@ class SlotsRow:
 
 class TimedCollate:
     """A loader's collate function, timed per worker (the default path's counterpart of the slot
-    rows' worker timing): seconds between batches (loading samples) and collating."""
+    rows' worker timing): seconds between batches (loading samples, and idling while the prefetch
+    queue is full, e.g. during other rows' windows) and collating."""
 
     def __init__(self, collate_fn: Any, workers: int) -> None:
         self.collate_fn = collate_fn

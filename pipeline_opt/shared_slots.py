@@ -77,7 +77,7 @@ class SlotStats:
     alloc_failed: int  # the ordinary way: a slot could not be allocated (shared memory full)
     unsupported: int  # the ordinary way: no image tensor, or a second live process with the same worker id
     by_ref: int = 0  # of ``slotted``: sent as references to a slot the receiver holds (no descriptors)
-    fetch_s: float = 0.0  # the workers' seconds between batches (loading the samples, handing the last batch on)
+    fetch_s: float = 0.0  # the workers' seconds between collate calls: loading samples, and idling while no task waits
     collate_s: float = 0.0  # the workers' seconds collating (writing the slots included)
 
     @property
