@@ -146,6 +146,24 @@ def integration_candidate(bench: Bench, deadline: H.Deadline) -> H.Candidate:
 SLOTS_ROW = "default + shared slots"
 
 
+def _per_batch_ms(seconds: float, batches: int) -> float | None:
+    return round(1e3 * seconds / batches, 2) if batches else None
+
+
+def slot_meta(loader: Any) -> dict[str, Any]:
+    """A shared-slots DeviceLoader's counts and timing for a row's meta: ``slot_stats`` (slotted, by
+    reference, the workers' time per batch) and ``receive_stats`` (the receiving thread's)."""
+    stats, rx = loader.slot_stats(), loader.receive_stats()
+    return {
+        "slot_stats": None if stats is None else {
+            **asdict(stats), "slotted_frac": stats.slotted_frac,
+            "worker_fetch_ms_per_batch": _per_batch_ms(stats.fetch_s, stats.total),
+            "worker_collate_ms_per_batch": _per_batch_ms(stats.collate_s, stats.total)},
+        "receive_stats": None if rx is None else {
+            **asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch, "work_ms_per_batch": rx.work_ms_per_batch},
+    }
+
+
 def slots_candidate(bench: Bench) -> H.Candidate:
     """The default loader's settings, images through reused page-locked worker buffers (no tuning)."""
     from pipeline_opt.transforms import DeviceLoader
@@ -156,11 +174,7 @@ def slots_candidate(bench: Bench) -> H.Candidate:
                        meta={"workers": bench.base.loader.num_workers})
 
     def close(loader: Any) -> None:
-        stats = loader.slot_stats()
-        cand.meta["slot_stats"] = None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac}
-        rx = loader.receive_stats()
-        cand.meta["receive_stats"] = None if rx is None else {**asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch,
-                                                           "work_ms_per_batch": rx.work_ms_per_batch}
+        cand.meta.update(slot_meta(loader))
         loader.close()
 
     cand.on_close = close

@@ -70,7 +70,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import harness as H  # noqa: E402
-from benchmarks.bench_yolo import Bench, _close_loader, _count  # noqa: E402
+from benchmarks.bench_yolo import Bench, _close_loader, _count, _per_batch_ms, slot_meta  # noqa: E402
 from benchmarks.bench_yolo import Sizes as YoloSizes  # noqa: E402
 from pipeline_opt.loader_clone import clone_loader  # noqa: E402
 
@@ -322,10 +322,6 @@ class _Lazy:
         return self.value
 
 
-def _per_batch_ms(seconds: float, batches: int) -> float | None:
-    return round(1e3 * seconds / batches, 2) if batches else None
-
-
 class SlotsRow:
     """The default loader's settings through shared slots, built once; its slot counts, the workers'
     time per batch and the receiving thread's go in the row's meta. ``page_locked=False`` leaves the
@@ -352,14 +348,7 @@ class SlotsRow:
         return self.loader
 
     def close(self, loader: Any) -> None:
-        stats = loader.slot_stats()
-        if stats is not None:
-            self.row.meta["slot_stats"] = {**asdict(stats), "slotted_frac": stats.slotted_frac,
-                                           "worker_fetch_ms_per_batch": _per_batch_ms(stats.fetch_s, stats.total),
-                                           "worker_collate_ms_per_batch": _per_batch_ms(stats.collate_s, stats.total)}
-        rx = loader.receive_stats()
-        self.row.meta["receive_stats"] = None if rx is None else {**asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch,
-                                                           "work_ms_per_batch": rx.work_ms_per_batch}
+        self.row.meta.update(slot_meta(loader))
         loader.close()
 
 

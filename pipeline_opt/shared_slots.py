@@ -243,8 +243,7 @@ def _bytes_view(storage: torch.UntypedStorage, offset: int, shape: tuple, dtype:
     numel = 1
     for d in shape:
         numel *= int(d)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    raw = torch.empty(0, dtype=torch.uint8).set_(storage, offset, (nbytes,))
+    raw = torch.empty(0, dtype=torch.uint8).set_(storage, offset, (numel * dtype.itemsize,))
     return raw.view(dtype).view(shape)
 
 
@@ -495,11 +494,16 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
-def slot_header(t: torch.Tensor) -> tuple[int, int] | None:
-    """``(flag index, ticket)`` when ``t`` lives in a slot's payload, else None."""
+def _tensor_header(t: torch.Tensor) -> list[int] | None:
+    """The slot header of the storage ``t`` lives in (past the header), else None."""
     if t.device.type != "cpu" or t.storage_offset() * t.element_size() < HEADER_BYTES:
         return None
-    head = _header(t.untyped_storage())
+    return _header(t.untyped_storage())
+
+
+def slot_header(t: torch.Tensor) -> tuple[int, int] | None:
+    """``(flag index, ticket)`` when ``t`` lives in a slot's payload, else None."""
+    head = _tensor_header(t)
     return None if head is None else (int(head[1]), int(head[2]))
 
 
@@ -580,9 +584,7 @@ class SlotReceiver:
         consumer that resolves them with :meth:`receive`)."""
         out = []
         for t in _tensors(batch):
-            if t.device.type != "cpu" or t.storage_offset() * t.element_size() < HEADER_BYTES:
-                continue
-            head = _header(t.untyped_storage())
+            head = _tensor_header(t)
             if head is None:
                 continue
             _, index, ticket, storage_id = (int(v) for v in head)
@@ -595,30 +597,32 @@ class SlotReceiver:
 
         Release the slots (:meth:`release`) once nothing reads those tensors any more."""
         slots = self.find(batch, announce=True)
+        verified: set[int] = set()  # tickets whose slot header was checked (one per batch and slot)
 
         def resolve(ref: SlotRef) -> torch.Tensor:
-            t = self._resolve(ref)
+            t = self._resolve(ref, verify=ref.ticket not in verified)
+            verified.add(ref.ticket)
             slots.append((t, ref.index, ref.ticket))
             return t
 
         batch = _map_leaves(batch, lambda x: isinstance(x, SlotRef), resolve)
+        for index, ticket in {(index, ticket) for _, index, ticket in slots}:
+            self._reclaim_lost(index, ticket)
         return batch, slots
 
-    def _resolve(self, ref: SlotRef) -> torch.Tensor:
+    def _resolve(self, ref: SlotRef, verify: bool = True) -> torch.Tensor:
         with self._lock:
             held = self._by_id.get(ref.storage_id)
             if held is not None:
                 held.pending.add(ref.ticket)
                 self._pending.add(ref.ticket)
-        if held is not None:
-            self._reclaim_lost(ref.index, ref.ticket)
         if held is None:
             raise RuntimeError(
                 f"a batch refers to shared slot {ref.index} (storage {ref.storage_id:#x}), which this "
                 f"process does not hold: every consumer of one slot loader must share its pool's receiver "
                 f"(SlotPool.receiver(); DeviceLoader(..., reuse_buffers=True) does)")
-        head = _header(held.storage)
-        if head is None or int(head[2]) != ref.ticket:
+        head = _header(held.storage) if verify else None
+        if verify and (head is None or int(head[2]) != ref.ticket):
             raise RuntimeError(f"shared slot {ref.index} holds ticket {head and head[2]:#x}, not the batch's "
                                f"{ref.ticket:#x}: it was overwritten before its batch was released")
         return _bytes_view(held.storage, ref.offset, ref.shape, ref.dtype)
@@ -643,7 +647,6 @@ class SlotReceiver:
                     self._drop_if_done(old)
             if announce and storage_id and 0 <= index < self.pool.known.numel():
                 self.pool.known[index] = storage_id
-        self._reclaim_lost(index, ticket)
 
     def _reclaim_lost(self, index: int, ticket: int) -> None:
         """Free the slots of batches the loader dropped before they reached this receiver.

@@ -241,7 +241,7 @@ class DeviceLoader:
         if self._receiver is not None and getattr(self.loader, "persistent_workers", False):
             # a persistent DataLoader hands every iteration the same iterator: an abandoned
             # iteration's receiving thread must stop taking from it before it is reset
-            previous, self._receiving = self.__dict__.get("_receiving"), None
+            previous, self._receiving = self._receiving, None
             if previous is not None:
                 previous.close()
         it = iter(self.loader)
@@ -300,31 +300,17 @@ def _pin_small(batch: Any, slots: list) -> Any:
 
 def _pin_others(batch: Any, skip: set[int]) -> Any:
     """``batch`` with every host tensor not in ``skip`` (by ``id``) and not pinned yet copied to pinned memory."""
-    if isinstance(batch, torch.Tensor):
-        if id(batch) in skip or batch.device.type != "cpu" or batch.is_pinned():
-            return batch
-        return batch.pin_memory()
-    if isinstance(batch, Mapping):
-        items = {k: _pin_others(v, skip) for k, v in batch.items()}
-        return items if type(batch) is dict else type(batch)(items)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_pin_others(v, skip) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_pin_others(v, skip) for v in batch)
-    return batch
+    from pipeline_opt.shared_slots import _map_leaves
+
+    def pin(t: torch.Tensor) -> torch.Tensor:
+        return t if id(t) in skip or t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
+
+    return _map_leaves(batch, lambda x: isinstance(x, torch.Tensor), pin)
 
 
 def _without_slots(batch: Any) -> Any:
     """``batch`` with every host tensor that lives in a shared slot replaced by a copy."""
-    from pipeline_opt.shared_slots import slot_header
+    from pipeline_opt.shared_slots import _map_leaves, slot_header
 
-    if isinstance(batch, torch.Tensor):
-        return batch.clone() if slot_header(batch) is not None else batch
-    if isinstance(batch, Mapping):
-        items = {k: _without_slots(v) for k, v in batch.items()}
-        return items if type(batch) is dict else type(batch)(items)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_without_slots(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_without_slots(v) for v in batch)
-    return batch
+    return _map_leaves(batch, lambda x: isinstance(x, torch.Tensor),
+                       lambda t: t.clone() if slot_header(t) is not None else t)
