@@ -18,8 +18,7 @@ the worker sends the next batches of that slot *by reference*: the image and the
 tensors (boxes, labels, indices) are written into the slot and the batch carries small
 :class:`SlotRef` placeholders that :meth:`SlotReceiver.receive` turns back into tensors. Such a batch
 pickles without a single file descriptor: the ordinary path hands one descriptor per tensor over
-through the worker's resource-sharer thread, which has to wait for that busy worker's GIL (on a
-2-core box a ready batch took 8-32 ms to receive from GIL-bound workers, 1 ms without descriptors).
+through the worker's resource-sharer thread, which has to wait for that busy worker's GIL.
 
 Safety rules:
 
@@ -736,8 +735,8 @@ class ReceiveThread:
 
     A loader made by :func:`slot_loader` has ``pin_memory=False``, which would leave the receiving
     (unpickling; for every tensor a descriptor handed over by the worker's resource-sharer thread,
-    which waits for that busy worker's GIL) to the training thread: on an H200 that cost ~5 ms per
-    YOLO batch. Here it happens in this thread, with :meth:`SlotReceiver.receive` (resolving the
+    which waits for that busy worker's GIL) to the training thread (bench_yolo_gap's
+    ``default, pin_memory=False`` row on an H200: 54 vs 31 ms of training-thread CPU per step). Here it happens in this thread, with :meth:`SlotReceiver.receive` (resolving the
     references, the first-time page-locking of each slot) and ``prepare(raw, slots)`` (e.g. pinning
     the small tensors that did not travel in a slot); its timing goes to
     :meth:`SlotReceiver.receive_stats`. Up to ``depth`` batches wait in the queue. :meth:`close` stops the thread and releases the slots of
