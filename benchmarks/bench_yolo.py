@@ -14,7 +14,10 @@ affinity is set before torch starts, so every thread and worker inherits it)
     default       ultralytics' loader as the trainer builds it (workers=8)
     shared slots  the same loader settings, images delivered through pipeline_opt's reused
                   page-locked worker buffers (pipeline_opt.shared_slots), untuned
-    integration   pipeline_opt's ultralytics integration: tuned loader + GPU augmentation
+    integration   pipeline_opt's ultralytics integration: GPU augmentation where it wins, then
+                  tune_yolo(shared_slots=True): the loader tuned on real steps, shared slots
+                  among the knobs (Sizes.integration_shared_slots)
+Every loader row runs ``warmup_s`` (8 s) of untimed steps once, before its first window.
 The three are measured in interleaved rounds (alternating order); medians and spreads are reported.
 
     python -m benchmarks.bench_yolo --out DIR           # H200: about 4 minutes
@@ -69,10 +72,13 @@ class Sizes:
     min_steps: int = 8
     min_seconds: float = 2.0
     max_seconds: float = 8.0
+    warmup_s: float = 8.0  # untimed steps once per loader row before its first window
+    integration_shared_slots: bool = True  # tune_yolo(shared_slots=...): let the tuner try the slots
 
 
 QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, restricted_cores=1,
-              tune_budget_s=5.0, rounds=2, budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0)
+              tune_budget_s=5.0, rounds=2, budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0,
+              warmup_s=0.5)
 
 
 class Bench:
@@ -133,8 +139,10 @@ def integration_candidate(bench: Bench, deadline: H.Deadline) -> H.Candidate:
     pipe = bench._pipeline(gpu_augment=True)
     budget = min(bench.sizes.tune_budget_s, max(5.0, deadline.left() / 3))
     t0 = time.perf_counter()
-    result = bench.tune(pipe, time_budget_s=budget)
+    slots = bench.sizes.integration_shared_slots
+    result = bench.tune(pipe, time_budget_s=budget, shared_slots=slots)
     info = {"tuning_wall_s": time.perf_counter() - t0, "time_budget_s": budget, "config": result.config,
+            "shared_slots_allowed": slots,
             "speedup_reported": result.speedup, "noise_reported": getattr(result, "noise", None),
             "trials": len(result.trials), "cpu_stages_disabled": list(pipe.cpu_stages_disabled),
             "gpu_augment_decision": getattr(result, "gpu_augment", None), "trial_log": H.trial_log(result)}
@@ -210,6 +218,8 @@ def run_part(args: Any, sizes: Sizes, device: torch.device, suffix: str) -> tupl
     except Exception as exc:
         H.log.exception("integration failed")
         rows.append(H.not_run("integration (tuned, GPU augment if it wins)", "failed", f"{type(exc).__name__}: {exc}"))
+    for cand in cands[1:]:  # every loader row starts as warm as one that ran before
+        cand.warmup_s = sizes.warmup_s
     measured = H.interleave(cands, sizes.rounds, device, deadline=deadline, **window)
     measured_rows = H.rows_of(cands, measured)
     limit_row = measured_rows[0]

@@ -37,6 +37,18 @@ and the training thread's own CPU seconds per step:
                                 the training process page-locks once (pipeline_opt.shared_slots);
                                 its meta has the workers' and the receiving thread's time per batch
     ... shared slots, not page-locked   the same without cudaHostRegister (a diagnostic)
+    12 workers, ...             the default loader and the shared slots with more workers
+                                (``Sizes.more_workers``): whether the workers' supply is the limit
+    loader alone: ...           the loader drained with no training step (each batch's images
+                                only copied to the device): how fast the loader delivers when
+                                nothing else runs, at the default and the larger worker count
+
+Every window also records the CPU seconds (user, system) and page faults of all the worker
+processes (children of this process) per batch, so a window whose workers did more work per
+batch (faulting in fresh memory, say) can be told apart from one where they were starved.
+With ``--timecourse-s S`` a fresh clone of the default loader first trains for S seconds and the
+throughput and data wait of every 2-second bucket go into ``summary.timecourse``: how a new
+loader's speed develops from its first batch.
 
 Every row that keeps its source runs 8 s of untimed steps once, right after it is built, before
 its first window: a loader built for the benchmark then starts as warm as the default one (in
@@ -84,11 +96,13 @@ class Sizes:
     busy_image: int = 640
     ring_batches: int = 16
     warmup_s: float = 8.0  # untimed steps once per row before its first window (fresh loaders warm up)
+    more_workers: int = 12  # the worker count of the "12 workers" and "loader alone" rows
+    timecourse_s: float = 0.0  # seconds of the fresh-loader time course (0: none)
 
 
 QUICK = Sizes(yolo=YoloSizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, rounds=2,
                              budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0),
-              busy_procs=1, busy_image=64, ring_batches=3, warmup_s=0.5)
+              busy_procs=1, busy_image=64, ring_batches=3, warmup_s=0.5, more_workers=2, timecourse_s=1.0)
 
 
 def _busy(stop: Any, size: int) -> None:
@@ -225,8 +239,43 @@ class StackSampler:
                             for name, c in self.counts.items()}}
 
 
+def _faults(pid: int) -> tuple[int, int]:
+    """(minor, major) page faults of process ``pid`` so far; (0, 0) where /proc does not say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[7]), int(fields[9])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def worker_counters() -> dict[int, tuple[float, float, int, int]]:
+    """Per child process of this one (the loaders' workers, mostly idle but for the measured
+    row's): (user CPU s, system CPU s, minor faults, major faults)."""
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            out[child.pid] = (t.user, t.system, *_faults(child.pid))
+        except psutil.Error:
+            continue
+    return out
+
+
+def worker_deltas(before: dict[int, tuple], after: dict[int, tuple]) -> tuple[float, float, int, int]:
+    """Summed (user s, system s, minor faults, major faults) the children did between two
+    :func:`worker_counters` readings (a child started in between counts from zero)."""
+    zero = (0.0, 0.0, 0, 0)
+    sums = [0.0, 0.0, 0, 0]
+    for pid, now in after.items():
+        was = before.get(pid, zero)
+        for k in range(4):
+            sums[k] += max(now[k] - was[k], 0)
+    return sums[0], sums[1], int(sums[2]), int(sums[3])
+
+
 class ProbedCandidate(H.Candidate):
-    """A Candidate that also records, per window, busy cores and the training thread's CPU s/step."""
+    """A Candidate that also records, per window, busy cores, the training thread's CPU s/step and
+    the worker processes' CPU seconds and page faults per batch."""
 
     def __init__(self, *args: Any, switch_interval: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -235,6 +284,7 @@ class ProbedCandidate(H.Candidate):
         self.stacks: list[dict[str, Any]] = []
         self.busy_cores: list[float] = []
         self.thread_cpu_per_step: list[float] = []
+        self.workers: list[dict[str, float]] = []
 
     def window(self, device: Any, **kw: Any) -> H.Window:
         self.start()
@@ -245,9 +295,11 @@ class ProbedCandidate(H.Candidate):
         try:
             if sampler is not None:
                 sampler.start()
+            k0 = worker_counters()
             c0, t0, wall0 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
             w = super().window(device, **kw)
             c1, t1, wall1 = psutil.cpu_times(), time.thread_time(), time.perf_counter()
+            k1 = worker_counters()
         finally:
             sys.setswitchinterval(saved)
             if sampler is not None:
@@ -256,12 +308,19 @@ class ProbedCandidate(H.Candidate):
         wall_steps = w.steps + w.discarded
         self.busy_cores.append(busy / max(wall1 - wall0, 1e-9))  # discarded steps included
         self.thread_cpu_per_step.append((t1 - t0) / max(wall_steps, 1))
+        user, system, minor, major = worker_deltas(k0, k1)
+        batches = max(wall_steps, 1)  # the batches the window (its discarded ones included) consumed
+        self.workers.append({"user_ms_per_batch": round(1e3 * user / batches, 2),
+                             "sys_ms_per_batch": round(1e3 * system / batches, 2),
+                             "minor_faults_per_batch": round(minor / batches, 1),
+                             "major_faults_per_batch": round(major / batches, 2)})
         return w
 
     def reset_probes(self) -> None:
         """Forget what earlier windows recorded (after a warm-up window)."""
         self.busy_cores.clear()
         self.thread_cpu_per_step.clear()
+        self.workers.clear()
         self.stacks.clear()
 
     def probe_meta(self) -> dict[str, Any]:
@@ -271,7 +330,8 @@ class ProbedCandidate(H.Candidate):
         return {"busy_cores_median": med(self.busy_cores), "busy_cores": self.busy_cores,
                 **({"stacks": self.stacks} if self.stacks else {}),
                 "train_thread_cpu_s_per_step_median": med(self.thread_cpu_per_step),
-                "train_thread_cpu_s_per_step": self.thread_cpu_per_step}
+                "train_thread_cpu_s_per_step": self.thread_cpu_per_step,
+                "workers_per_window": self.workers}
 
 
 def _pinned_batches(bench: Bench, n: int) -> list[dict]:
@@ -325,24 +385,31 @@ class _Lazy:
 class SlotsRow:
     """The default loader's settings through shared slots, built once; its slot counts, the workers'
     time per batch and the receiving thread's go in the row's meta. ``page_locked=False`` leaves the
-    slots pageable (a diagnostic: copies from them are then synchronous)."""
+    slots pageable (a diagnostic: copies from them are then synchronous); ``workers`` overrides the
+    worker count; ``name`` replaces the row's name."""
 
-    def __init__(self, bench: Bench, page_locked: bool = True) -> None:
+    def __init__(self, bench: Bench, page_locked: bool = True, workers: int | None = None,
+                 name: str | None = None) -> None:
         self.bench, self.loader, self.row, self.page_locked = bench, None, None, page_locked
+        self.workers, self.name = workers, name
 
     def candidate(self, step: Any) -> ProbedCandidate:
-        name = "default, shared slots" + ("" if self.page_locked else ", not page-locked")
+        name = self.name or "default, shared slots" + ("" if self.page_locked else ", not page-locked")
         self.row = ProbedCandidate(name, self, step, count=_count, on_close=self.close,
                                    meta={"what": "default settings, images through reused worker buffers",
-                                         "page_locked": self.page_locked})
+                                         "page_locked": self.page_locked,
+                                         "workers": self.workers or self.bench.base.loader.num_workers})
         return self.row
 
     def __call__(self) -> Any:
         if self.loader is None:
+            from pipeline_opt.shared_slots import slot_loader
             from pipeline_opt.transforms import DeviceLoader
 
-            self.loader = DeviceLoader(self.bench.base.loader, device=self.bench.device,
-                                       reuse_buffers=True)
+            source = self.bench.base.loader
+            if self.workers is not None:
+                source = slot_loader(source, num_workers=self.workers)
+            self.loader = DeviceLoader(source, device=self.bench.device, reuse_buffers=True)
             if not self.page_locked:
                 self.loader._receiver.register = False  # diagnostic only: no cudaHostRegister of the slots
         return self.loader
@@ -350,6 +417,44 @@ class SlotsRow:
     def close(self, loader: Any) -> None:
         self.row.meta.update(slot_meta(loader))
         loader.close()
+
+
+def copy_only(device: torch.device) -> Any:
+    """The "loader alone" rows' step: the batch's images to the device, no training."""
+    def step(batch: dict) -> None:
+        batch["img"].to(device, non_blocking=True)
+
+    return step
+
+
+def timecourse(bench: Bench, step: Any, seconds: float, bucket_s: float = 2.0) -> dict[str, Any]:
+    """Train ``seconds`` on a fresh clone of the default loader, from its first batch; per
+    ``bucket_s`` of wall time: the throughput and the fraction of it spent waiting for data.
+    The first bucket includes the workers' start."""
+    loader = clone_loader(bench.base.loader)
+    buckets: list[list[float]] = []  # [samples, wait s]
+    t_start = time.perf_counter()
+    try:
+        it = iter(loader)
+        while time.perf_counter() - t_start < seconds:
+            tw = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:  # a small set's epoch ended
+                it = iter(loader)
+                batch = next(it)
+            wait = time.perf_counter() - tw
+            step(batch)
+            k = int((time.perf_counter() - t_start) // bucket_s)
+            while len(buckets) <= k:
+                buckets.append([0.0, 0.0])
+            buckets[k][0] += _count(batch)
+            buckets[k][1] += wait
+    finally:
+        _close_loader(loader)
+    return {"bucket_s": bucket_s, "workers": loader.num_workers,
+            "throughput": [round(n / bucket_s, 1) for n, _ in buckets],
+            "data_wait_frac": [round(w / bucket_s, 3) for _, w in buckets]}
 
 
 class TimedCollate:
@@ -434,6 +539,11 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                            device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False, **kw)
 
     slots, pageable_slots, timed = SlotsRow(bench), SlotsRow(bench, page_locked=False), TimedDefaultRow(bench)
+    more = sizes.more_workers
+    more_slots = SlotsRow(bench, workers=more, name=f"{more} workers, shared slots")
+    alone_slots = SlotsRow(bench, name="loader alone: default, shared slots")
+    alone_more_slots = SlotsRow(bench, workers=more, name=f"loader alone: {more} workers, shared slots")
+    copy = copy_only(bench.device)
     cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
@@ -461,6 +571,16 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         timed.candidate(step),
         slots.candidate(step),
         pageable_slots.candidate(step),
+        ProbedCandidate(f"{more} workers", lambda: clone_loader(bench.base.loader, num_workers=more), step,
+                        count=_count, on_close=_close_loader, meta={"workers": more}),
+        more_slots.candidate(step),
+        ProbedCandidate(f"loader alone: default (workers={y.default_workers})", lambda: clone_loader(bench.base.loader),
+                        copy, count=_count, on_close=_close_loader,
+                        meta={"what": "the loader drained, images copied to the device, no training step"}),
+        ProbedCandidate(f"loader alone: {more} workers", lambda: clone_loader(bench.base.loader, num_workers=more),
+                        copy, count=_count, on_close=_close_loader, meta={"workers": more}),
+        alone_slots.candidate(copy),
+        alone_more_slots.candidate(copy),
         ProbedCandidate(f"ring + loader drained (replay of {len(batches)}, default loader running)",
                         lambda: DrainedRing(clone_loader(bench.base.loader), batches), step, count=_count,
                         on_close=lambda src: src.close(),
@@ -477,7 +597,8 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
 
 def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandidate]:
     """The limit row and the rows whose names start with one of the comma-separated ``rows``
-    (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted)."""
+    (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted;
+    a trailing ``$`` asks for the whole name: ``default,_shared_slots$``)."""
     if not rows:
         return cands
     pieces: list[str] = []
@@ -487,7 +608,11 @@ def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandida
         else:
             pieces.append(w)
     wanted = [w.strip().replace("_", " ") for w in pieces if w.strip()]
-    picked = [c for c in cands[1:] if any(c.name.startswith(w) for w in wanted)]
+
+    def matches(name: str, w: str) -> bool:  # a trailing "$" asks for the whole name
+        return name == w[:-1] if w.endswith("$") else name.startswith(w)
+
+    picked = [c for c in cands[1:] if any(matches(c.name, w) for w in wanted)]
     if not picked:
         raise SystemExit(f"--rows {rows!r} matches no row; the rows are: {[c.name for c in cands]}")
     return [cands[0], *picked]
@@ -504,6 +629,8 @@ def run(args: Any) -> Path:
     sizes = replace(sizes, yolo=y)
     if getattr(args, "warmup_s", None) is not None:
         sizes = replace(sizes, warmup_s=args.warmup_s)
+    if getattr(args, "timecourse_s", None) is not None:
+        sizes = replace(sizes, timecourse_s=args.timecourse_s)
     device = H.pick_device(args.device)
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(args.seed)
@@ -516,6 +643,7 @@ def run(args: Any) -> Path:
             c.warmup_s = sizes.warmup_s
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
     cands[0].reset_probes()
+    course = timecourse(bench, cands[0].step, sizes.timecourse_s) if sizes.timecourse_s > 0 else None
     measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,
                             min_seconds=y.min_seconds, max_seconds=y.max_seconds)
     for c in cands:
@@ -529,7 +657,8 @@ def run(args: Any) -> Path:
                "vs limit": {r.name: H.ratio(r, limit) for r in rows[1:]},
                "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
                "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
-               "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name))}
+               "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name)),
+               **({"timecourse": course} if course is not None else {})}
     path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                           started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
                                                    "ddp": False, "amp": bench.amp})
@@ -543,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
     p.add_argument("--warmup-s", type=float, default=None, help="untimed steps per row before its first window "
                                                                  "(default 8)")
+    p.add_argument("--timecourse-s", type=float, default=None,
+                   help="first train this long on a fresh default loader, throughput per 2 s (default 0: off)")
     args = p.parse_args(argv)
     H.setup(args)
     path = run(args)

@@ -123,6 +123,26 @@ def test_environment_has_commit_versions_and_hardware(monkeypatch):
     assert env["versions"]["pillow"]["flavour"] in ("pillow", "pillow-simd")
 
 
+def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
+    from types import SimpleNamespace
+
+    from benchmarks.bench_yolo_gap import select, worker_deltas
+
+    names = ["limit (replayed pinned batch)", "default (ultralytics, workers=8)", "default, shared slots",
+             "default, shared slots, not page-locked", "12 workers", "loader alone: 12 workers"]
+    cands = [SimpleNamespace(name=n) for n in names]
+    pick = lambda rows: [c.name for c in select(cands, rows)]  # noqa: E731
+    assert pick("default,_shared") == [names[0], names[2], names[3]]
+    assert pick("default,_shared_slots$") == [names[0], names[2]]
+    assert pick("12_workers,loader_alone") == [names[0], names[4], names[5]]
+    with pytest.raises(SystemExit, match="matches no row"):
+        select(cands, "nothing_like_it")
+    # children's counters: deltas summed, a child that appeared counts from zero, none negative
+    before = {1: (1.0, 0.5, 10, 0), 2: (2.0, 0.0, 5, 1)}
+    after = {1: (1.5, 0.75, 30, 0), 2: (2.0, 0.0, 5, 1), 3: (0.25, 0.25, 7, 2)}
+    assert worker_deltas(before, after) == (0.75, 0.5, 27, 2)
+
+
 # --------------------------------------------------------------------------------------------------
 # the scripts, end to end on the CPU
 
@@ -257,5 +277,18 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert slots["meta"]["slot_stats"]["worker_fetch_ms_per_batch"] > 0
     timed = next(r for r in res["rows"] if r["name"] == "default, workers timed")
     assert timed["meta"]["worker_stats"]["batches"] > 0 and timed["meta"]["worker_stats"]["worker_fetch_ms_per_batch"] > 0
+    # more workers, and the loader without a training step (its delivery rate)
+    assert {"2 workers", "2 workers, shared slots", "loader alone: default (workers=1)", "loader alone: 2 workers",
+            "loader alone: default, shared slots", "loader alone: 2 workers, shared slots"} <= set(names)
+    alone = next(r for r in res["rows"] if r["name"] == "loader alone: default (workers=1)")
+    default = next(r for r in res["rows"] if r["name"].startswith("default (ultralytics"))
+    assert alone["throughput"] > default["throughput"], (alone["throughput"], default["throughput"])
+    # the workers' CPU per batch, per window, for the rows whose workers run
+    per_window = default["meta"]["workers_per_window"]
+    assert len(per_window) == default["stats"]["n"]
+    assert sum(w["user_ms_per_batch"] + w["sys_ms_per_batch"] for w in per_window) > 0, per_window
+    course = res["summary"]["timecourse"]
+    assert course["throughput"] and len(course["throughput"]) == len(course["data_wait_frac"])
+    assert sum(course["throughput"]) > 0
     gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
     assert "RandomHSV" in gpu_row["meta"]["cpu_stages_disabled"]
