@@ -173,9 +173,12 @@ def common_parser(description: str) -> argparse.ArgumentParser:
 
 
 def setup(args: argparse.Namespace) -> None:
-    """Logging, and one torch thread in --quick mode (small CPU machines: no oversubscription)."""
+    """Logging, and in --quick mode one torch thread (small CPU machines: no oversubscription) and
+    a short wait for a quiet machine between windows (tiny loaders refill in moments)."""
+    global SETTLE_MAX_S
     if args.quick:
         torch.set_num_threads(1)
+        SETTLE_MAX_S = 0.3
     setup_logging(args.verbose)
 
 
@@ -239,6 +242,11 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         q1 = q3 = vals[0]
     return {"median": med, "min": vals[0], "max": vals[-1], "q1": q1, "q3": q3, "iqr": q3 - q1,
             "spread": (vals[-1] - vals[0]) / med if med else 0.0, "n": len(vals)}
+
+
+DRAIN_WAIT_S = 0.002  # a next() that waited this long found the ready queue empty
+SETTLE_MAX_S = 10.0  # the longest wait for a quiet machine before a window
+SETTLE_BUSY_CORES = 2.0  # "quiet": fewer cores busy than this (the training process idles on one)
 
 
 @dataclass(frozen=True)
@@ -363,14 +371,18 @@ class Candidate:
     torch.profiler sessions: only one may run at a time). ``warmup_s`` runs untimed steps for that
     long once, right after the source is built, so that a loader built for the benchmark is as warm
     as one that ran before (its workers' caches and buffers filled) when its first window starts.
+    After the discarded batches each window drains the ready queue (see :meth:`_drain`; at most
+    ``drain_max`` batches, default ``num_workers * prefetch_factor``, 0 to turn it off).
     """
 
     def __init__(self, name: str, factory: Callable[[], Iterable], step: Callable[[Any], Any],
                  count: Callable[[Any], int] | None = None, discard: int | None = None,
                  min_discard: int = 2, meta: dict | None = None,
                  on_close: Callable[[Any], None] | None = None, fresh: bool = False,
-                 warmup_s: float = 0.0) -> None:
+                 warmup_s: float = 0.0, drain_max: int | None = None) -> None:
         self.name = name
+        self.drain_max = drain_max
+        self.settled_s: list[float] = []  # the waits for a quiet machine before its windows
         self.warmup_s = warmup_s
         self.warmup_steps = 0
         self.fresh = fresh
@@ -392,8 +404,11 @@ class Candidate:
             self.source = self.factory()
             self._it = iter(self.source)
             self.startup_s = time.perf_counter() - t0
+            prefilled = prefilled_batches(self.source)
             if self.discard is None:
-                self.discard = max(self.min_discard, prefilled_batches(self.source))
+                self.discard = max(self.min_discard, prefilled)
+            if self.drain_max is None:
+                self.drain_max = prefilled
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < self.warmup_s:
                 self.step(self._next())
@@ -413,6 +428,7 @@ class Candidate:
         self.start()
         for _ in range(self.discard):
             self.step(self._next())
+        drained = self._drain()
         sync(device)
         samples = steps = 0
         wait = 0.0
@@ -429,7 +445,24 @@ class Candidate:
                 break
         sync(device)
         return Window(steps=steps, samples=samples, seconds=time.perf_counter() - t0, data_wait_s=wait,
-                      discarded=self.discard)
+                      discarded=self.discard + drained)
+
+    def _drain(self) -> int:
+        """Step on until the source's ready queue is empty (a ``next()`` that waits), at most
+        ``prefilled_batches`` more: the workers refill their queue while the discarded batches are
+        stepped, so a data-bound loader would otherwise start its window with a reserve of ready
+        batches that its steady state does not have (on the H200 a 3 s YOLO window read 1.4x the
+        loader's steady state that way). A compute-bound loader's queue stays full: it starts full."""
+        if self.drain_max <= 0:
+            return 0
+        for k in range(self.drain_max):
+            t0 = time.perf_counter()
+            batch = self._next()
+            waited = time.perf_counter() - t0
+            self.step(batch)
+            if waited >= DRAIN_WAIT_S:
+                return k + 1
+        return self.drain_max
 
     def close(self) -> None:
         """Drop the iterator and the source (shuts the workers down)."""
@@ -473,15 +506,37 @@ class Measured:
     error: str | None = None
 
 
+def settle(max_s: float | None = None, busy_cores: float = SETTLE_BUSY_CORES, interval: float = 0.25) -> float:
+    """Wait until the machine is quiet (fewer than ``busy_cores`` cores busy over ``interval``), at
+    most ``max_s``; returns the seconds waited. After a window, the loader just measured refills its
+    prefetch queue (on the H200 a YOLO loader's 8 workers stayed busy for seconds): without the
+    wait, that work lands in the next candidate's window."""
+    import psutil
+
+    max_s = SETTLE_MAX_S if max_s is None else max_s
+    t0 = time.perf_counter()
+    psutil.cpu_percent(percpu=False)  # starts the interval
+    while time.perf_counter() - t0 < max_s:
+        time.sleep(interval)
+        if psutil.cpu_percent(percpu=False) / 100.0 * psutil.cpu_count() < busy_cores:
+            break
+    return time.perf_counter() - t0
+
+
 def interleave(candidates: Sequence[Candidate], rounds: int, device: torch.device | str | None,
-               deadline: Deadline | None = None, close: bool = True, **window_kw: Any) -> dict[str, Measured]:
+               deadline: Deadline | None = None, close: bool = True, settle_s: float | None = None,
+               **window_kw: Any) -> dict[str, Measured]:
     """Measure ``candidates`` in ``rounds`` rounds, alternating the order each round.
+
+    Before every window the machine is let :func:`settle` (at most ``settle_s``, default
+    ``SETTLE_MAX_S``; 0: no wait).
 
     A candidate that raises is recorded with its error and dropped from later rounds; the others go on.
     The first round always runs (every candidate gets a window); later rounds stop early, keeping
     what was measured, once ``deadline`` has expired.
     """
     results = {c.name: Measured() for c in candidates}
+    settle_s = SETTLE_MAX_S if settle_s is None else settle_s
     try:
         for r in range(rounds):
             order = list(candidates) if r % 2 == 0 else list(reversed(candidates))
@@ -492,6 +547,8 @@ def interleave(candidates: Sequence[Candidate], rounds: int, device: torch.devic
                 if deadline is not None and r > 0 and deadline.expired():
                     log.warning("time budget reached in round %d; keeping what was measured", r + 1)
                     return results
+                if settle_s > 0:
+                    cand.settled_s.append(settle(settle_s))
                 try:
                     w = cand.window(device, **window_kw)
                 except Exception as exc:  # a failing configuration must not stop the others
@@ -517,7 +574,8 @@ def rows_of(candidates: Sequence[Candidate], measured: dict[str, Measured]) -> l
     for cand in candidates:
         m = measured[cand.name]
         meta = {**cand.meta, "startup_s": cand.startup_s, "discarded_per_window": cand.discard,
-                "warmup_s": cand.warmup_s, "warmup_steps": cand.warmup_steps}
+                "warmup_s": cand.warmup_s, "warmup_steps": cand.warmup_steps,
+                "settled_s": [round(x, 2) for x in cand.settled_s]}
         if m.windows:
             rows.append(row_of_windows(cand.name, m.windows, meta))
         elif m.error is not None:

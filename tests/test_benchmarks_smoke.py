@@ -123,6 +123,52 @@ def test_environment_has_commit_versions_and_hardware(monkeypatch):
     assert env["versions"]["pillow"]["flavour"] in ("pillow", "pillow-simd")
 
 
+class _SlowItems(torch.utils.data.Dataset):
+    def __init__(self, n, delay_s):
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.delay_s)
+        return torch.tensor([float(i)])
+
+
+def test_window_drains_the_ready_queue_of_a_data_bound_loader_only():
+    import time
+
+    # data-bound: workers are slower than the (empty) step, so the queue empties at once
+    slow = torch.utils.data.DataLoader(_SlowItems(400, 0.02), batch_size=1, num_workers=2, prefetch_factor=2)
+    cand = H.Candidate("slow", lambda: slow, lambda b: None, min_discard=0)
+    w = cand.window(None, min_steps=2, min_seconds=0.0, max_seconds=5.0)
+    assert cand.discard == cand.drain_max == 4
+    assert cand.discard < w.discarded < cand.discard + cand.drain_max, w  # stopped at the first wait
+    cand.close()
+    # compute-bound: the step is slower than the workers, the queue stays full: drained to the cap
+    fast = torch.utils.data.DataLoader(_SlowItems(400, 0.0), batch_size=1, num_workers=2, prefetch_factor=2)
+    cand = H.Candidate("fast", lambda: fast, lambda b: time.sleep(0.03), min_discard=0)
+    cand.start()
+    time.sleep(0.5)  # the queue fills
+    w = cand.window(None, min_steps=2, min_seconds=0.0, max_seconds=5.0)
+    assert w.discarded == cand.discard + cand.drain_max == 8, w
+    cand.close()
+    # no workers: nothing to drain
+    cand = H.Candidate("replay", lambda: H.replay(torch.zeros(2)), lambda b: None, count=lambda b: 2)
+    assert cand.window(None, min_steps=2, min_seconds=0.0).discarded == cand.discard == 2
+
+
+def test_settle_waits_at_most_its_limit():
+    import time
+
+    t0 = time.perf_counter()
+    waited = H.settle(max_s=0.6, busy_cores=0.0)  # never quiet enough: waits the whole limit
+    assert 0.5 <= waited <= time.perf_counter() - t0 < 2.0
+    assert H.settle(max_s=5.0, busy_cores=1e9) < 1.0  # always quiet: returns after one interval
+
+
 def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     from types import SimpleNamespace
 
