@@ -1,5 +1,10 @@
 """Where the YOLO pipeline loses against its replayed-batch limit: CPU load, decoding, augmentation.
 
+(Run ed354e1 found the answer that the rows below were built to look for: the loader's supply.
+The workers spend about 0.8-1.0 s of CPU per 64-image batch, and the earlier 3 s windows began
+with a reserve of buffered batches. The harness drains that reserve now. The paragraph below is
+the hypothesis those rows tested.)
+
 bench_yolo measures the ultralytics pipeline at ~0.65x the limit of the same step on one replayed
 batch while the step waits for data less than 10% of the time: the step itself gets slower when
 the loader runs. This benchmark separates the candidate causes in one interleaved run (YOLO11n,
