@@ -128,6 +128,88 @@ def gpu_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
     return rows
 
 
+class _EnvDuring:
+    """Calls ``fn`` with an environment variable set (e.g. ``PIPELINE_OPT_FUSED=0``)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, value: str) -> None:
+        self.fn, self.name, self.value = fn, name, value
+
+    def __call__(self, *args: Any) -> Any:
+        saved = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+        try:
+            return self.fn(*args)
+        finally:
+            if saved is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = saved
+
+
+def host_seconds(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
+    """Median host seconds one call takes to return (its launches; the device is not waited for).
+
+    The training thread of a launch-bound step pays this, however fast the kernels are."""
+    times = []
+    for _ in range(max(3, reps)):
+        H.sync(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    H.sync(device)
+    return sorted(times)[len(times) // 2]
+
+
+def detection_batch(sizes: Sizes, device: torch.device) -> dict[str, torch.Tensor]:
+    """An ultralytics-like batch dict on ``device``: uint8 images, 4 boxes per image."""
+    g = torch.Generator().manual_seed(1)
+    n, s = sizes.det_batch, sizes.det_size
+    return {"img": torch.randint(0, 256, (n, 3, s, s), generator=g, dtype=torch.uint8).to(device),
+            "bboxes": (torch.rand(4 * n, 4, generator=g) * 0.5 + 0.25).to(device),
+            "cls": torch.zeros(4 * n, 1).to(device),
+            "batch_idx": torch.arange(n).repeat_interleave(4).float().to(device)}
+
+
+def gpu_variant_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
+    """The colour + flip work of ultralytics batches: the fused kernel against separate torch operations.
+
+    Rows: RandomHSV alone without the fused kernel, and DetectionGPUAugment's colour + flips (no
+    warp; what the ultralytics integration runs) fused and unfused. Each row also gives the host
+    seconds per call (``host_seconds_per_call``): what the training thread spends launching it."""
+    rows: list[H.Row] = []
+    mods = H.optional("pipeline_opt.transforms.augment", "RandomHSV")
+    det = H.optional("pipeline_opt.transforms.detection", "DetectionGPUAugment")
+    if not mods or not det:
+        return [H.not_run("gpu colour variants", "missing", (mods or det).reason)]
+    hsv_cls, det_cls = mods, det
+    fused_ok = H.optional("pipeline_opt.transforms.fused", "fused_available")
+    x = gpu_inputs(sizes, device)["hsv"]
+    batch = detection_batch(sizes, device)
+    hsv = hsv_cls(0.015, 0.7, 0.4, seed=0)
+    colour_flips = det_cls(translate=0.0, scale=0.0, fliplr=0.5, seed=0)
+    variants = [
+        ("gpu hsv, torch ops (per batch)", "hsv (torch ops)", _EnvDuring(hsv, "PIPELINE_OPT_FUSED", "0"), x),
+        ("gpu colour+flips fused (per batch)", "colour+flips", colour_flips, batch),
+        ("gpu colour+flips, torch ops (per batch)", "colour+flips (torch ops)",
+         _EnvDuring(colour_flips, "PIPELINE_OPT_FUSED", "0"), batch),
+    ]
+    for name, op, fn, arg in variants:
+        name = f"{name[:-1]}, {device.type})"
+        try:
+            times = H.time_callable(lambda fn=fn, arg=arg: fn(arg), device, reps=sizes.reps,
+                                    max_seconds=sizes.max_seconds)
+            host = host_seconds(lambda fn=fn, arg=arg: fn(arg), device, sizes.reps)
+        except Exception as exc:
+            H.log.exception("%s failed", name)
+            rows.append(H.not_run(name, "failed", f"{type(exc).__name__}: {exc}"))
+            continue
+        meta = {"op": op, "shape": list(x.shape), "side": "gpu-variant",
+                "fused_kernel": "torch ops" not in op and bool(fused_ok and fused_ok(device))}
+        row = H.row_of_times(name, times, sizes.det_batch, meta)
+        rows.append(row.with_extra(host_seconds_per_call=host))
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # the CPU side (what one worker does per image)
 
@@ -336,6 +418,22 @@ def summarize(rows: list[H.Row]) -> dict[str, Any]:
     return out
 
 
+def fused_summary(rows: list[H.Row]) -> dict[str, Any]:
+    """Device and host seconds per batch of the colour work, fused kernel vs torch operations."""
+    by = {r.meta.get("op"): r for r in rows if r.status == "ok" and str(r.meta.get("side", "")).startswith("gpu")}
+    out: dict[str, Any] = {}
+    for what, fused, unfused in (("hsv", "hsv", "hsv (torch ops)"),
+                                 ("colour+flips", "colour+flips", "colour+flips (torch ops)")):
+        a, b = by.get(fused), by.get(unfused)
+        if a is None or b is None:
+            continue
+        out[what] = {"fused_s": a.extra["seconds_per_call"], "torch_ops_s": b.extra["seconds_per_call"],
+                     "speedup": b.extra["seconds_per_call"] / a.extra["seconds_per_call"],
+                     "fused_host_s": a.extra.get("host_seconds_per_call"),
+                     "torch_ops_host_s": b.extra.get("host_seconds_per_call")}
+    return out
+
+
 def run(args: Any) -> Path:
     started = time.monotonic()
     sizes = QUICK if args.quick else Sizes()
@@ -344,18 +442,25 @@ def run(args: Any) -> Path:
     device = H.pick_device(args.device)
     rows = []
     simd_dir = args.pillow_simd or os.environ.get("PO_PILLOW_SIMD_DIR") or None
-    for part in (lambda: gpu_rows(sizes, device), lambda: cpu_rows(sizes),
-                 lambda: decode_rows(sizes, simd_dir, args.quick)):
+    parts = [lambda: gpu_rows(sizes, device), lambda: gpu_variant_rows(sizes, device)]
+    if not args.gpu_only:
+        parts += [lambda: cpu_rows(sizes), lambda: decode_rows(sizes, simd_dir, args.quick)]
+    for part in parts:
         try:
             rows += part()
         except Exception as exc:  # one failing part must not lose the others
             H.log.exception("part failed")
             rows.append(H.not_run(f"part {len(rows)}", "failed", f"{type(exc).__name__}: {exc}"))
-    summary = {**summarize(rows), "pillow_simd": pillow_summary(rows)}
+    summary = {**summarize(rows), "pillow_simd": pillow_summary(rows), "fused": fused_summary(rows)}
     path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                           started=started, ledger={"model": "transforms", "ddp": False, "amp": ""})
     print(H.format_table(rows, title=f"{NAME} ({device})"))
     for op, entry in summary.items():
+        if op == "fused":
+            for name, e in entry.items():
+                print(f"{name:<14} fused {e['fused_s'] * 1e3:.2f} ms vs torch ops {e['torch_ops_s'] * 1e3:.2f} ms "
+                      f"per batch ({e['speedup']:.1f}x)")
+            continue
         if op == "pillow_simd":
             for name, e in entry.items():
                 print(f"{name:<20} pillow-simd / pillow = {e['simd_vs_stock']:.2f}")
@@ -370,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pillow-simd", default=None, metavar="DIR",
                         help="a site directory holding a Pillow-SIMD build: its decode rows are timed in a child "
                              "process next to the stock ones (default: $PO_PILLOW_SIMD_DIR)")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="only the GPU rows (skip the per-image CPU and decode rows)")
     parser.add_argument("--pillow-only", action="store_true",
                         help="only time the Pillow decode rows and print their seconds as JSON (the child's mode)")
     args = parser.parse_args(argv)

@@ -71,6 +71,7 @@ spend their wall time.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import threading
@@ -519,6 +520,24 @@ class TimedDefaultRow:
         _close_loader(loader)
 
 
+class Unfused:
+    """A step whose GPU augmentation runs as separate torch operations (``PIPELINE_OPT_FUSED=0``)."""
+
+    def __init__(self, step_fn: Any) -> None:
+        self.step_fn = step_fn
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        saved = os.environ.get("PIPELINE_OPT_FUSED")
+        os.environ["PIPELINE_OPT_FUSED"] = "0"
+        try:
+            return self.step_fn(model, batch)
+        finally:
+            if saved is None:
+                os.environ.pop("PIPELINE_OPT_FUSED", None)
+            else:
+                os.environ["PIPELINE_OPT_FUSED"] = saved
+
+
 def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
     """A clone of ultralytics' InfiniteDataLoader ``loader`` whose workers start under torch's
     ``strategy`` for sharing tensors (it starts them in its constructor, while the strategy is set)."""
@@ -540,7 +559,8 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     y = sizes.yolo
 
     def build(**kw: Any) -> Any:
-        return bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch, workers=y.default_workers,
+        kw.setdefault("workers", y.default_workers)
+        return bench.build(bench.data_yaml, "yolo11n.yaml", imgsz=y.imgsz, batch=y.batch,
                            device=bench.device, amp=bench.amp, plots=False, close_mosaic=0, pretrained=False, **kw)
 
     slots, pageable_slots, timed = SlotsRow(bench), SlotsRow(bench, page_locked=False), TimedDefaultRow(bench)
@@ -550,6 +570,9 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     alone_more_slots = SlotsRow(bench, workers=more, name=f"loader alone: {more} workers, shared slots")
     copy = copy_only(bench.device)
     cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
+    gpu_aug = _Lazy(lambda: build(gpu_augment="force"))
+    gpu_aug_more = _Lazy(lambda: build(gpu_augment="force", workers=more))
+    gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
@@ -569,6 +592,15 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("cache=ram + GPU HSV/flip", lambda: cached_gpu().loader,
                         lambda b: bench.stepper(cached_gpu().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}),
+        ProbedCandidate("default + GPU HSV/flip (fused kernel)", lambda: gpu_aug().loader,
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={**gpu_meta, "kernel": "pipeline_opt.transforms.fused (one Triton kernel)"}),
+        ProbedCandidate("default + GPU HSV/flip, torch ops", lambda: clone_loader(gpu_aug().loader),
+                        lambda b: bench.stepper(Unfused(gpu_aug().step_fn))(b), count=_count, on_close=_close_loader,
+                        meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
+        ProbedCandidate(f"{more} workers + GPU HSV/flip (fused kernel)", lambda: gpu_aug_more().loader,
+                        lambda b: bench.stepper(gpu_aug_more().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={**gpu_meta, "workers": more}),
         ProbedCandidate("default, GIL switch 0.2 ms", lambda: clone_loader(bench.base.loader), step, count=_count,
                         on_close=_close_loader, switch_interval=0.0002, meta={"switch_interval_s": 0.0002}),
         ProbedCandidate("default, pin_memory=False", lambda: clone_loader(bench.base.loader, pin_memory=False), step,

@@ -448,20 +448,28 @@ class Candidate:
                       discarded=self.discard + drained)
 
     def _drain(self) -> int:
-        """Step on until the source's ready queue is empty (a ``next()`` that waits), at most
+        """Step on until the source's ready queue is empty (two ``next()`` that wait within one round
+        of the workers), at most
         ``prefilled_batches`` more: the workers refill their queue while the discarded batches are
         stepped, so a data-bound loader would otherwise start its window with a reserve of ready
         batches that its steady state does not have (on the H200 a 3 s YOLO window read 1.4x the
         loader's steady state that way). A compute-bound loader's queue stays full: it starts full."""
         if self.drain_max <= 0:
             return 0
+        # A second wait within one round of the workers ends the drain: once the queue is empty at
+        # least one next() per round waits (workers that run in step deliver in bursts of one batch
+        # each), while a lone slow next() can be the scheduler on a busy machine.
+        span = max(1, self.drain_max // max(1, prefetch_of(self.source))) + 1
+        last_wait = None
         for k in range(self.drain_max):
             t0 = time.perf_counter()
             batch = self._next()
             waited = time.perf_counter() - t0
             self.step(batch)
             if waited >= DRAIN_WAIT_S:
-                return k + 1
+                if last_wait is not None and k - last_wait <= span:
+                    return k + 1
+                last_wait = k
         return self.drain_max
 
     def close(self) -> None:
@@ -486,16 +494,29 @@ def _count(batch: Any) -> int:
     return batch_size_of(batch)
 
 
-def prefilled_batches(source: Any) -> int:
-    """``num_workers * prefetch_factor`` of the DataLoader under ``source`` (0 without workers)."""
+def _dataloader_under(source: Any) -> torch.utils.data.DataLoader | None:
     loader = source
     for _ in range(4):  # DeviceLoader / wrappers expose the DataLoader as .loader
         if isinstance(loader, torch.utils.data.DataLoader):
-            break
+            return loader
         loader = getattr(loader, "loader", None)
-    if not isinstance(loader, torch.utils.data.DataLoader) or loader.num_workers == 0:
+    return None
+
+
+def prefilled_batches(source: Any) -> int:
+    """``num_workers * prefetch_factor`` of the DataLoader under ``source`` (0 without workers)."""
+    loader = _dataloader_under(source)
+    if loader is None or loader.num_workers == 0:
         return 0
-    return loader.num_workers * (loader.prefetch_factor or 2)
+    return loader.num_workers * prefetch_of(loader)
+
+
+def prefetch_of(source: Any) -> int:
+    """``prefetch_factor`` of the DataLoader under ``source`` (torch's default 2; 1 without one)."""
+    loader = _dataloader_under(source)
+    if loader is None or loader.num_workers == 0:
+        return 1
+    return loader.prefetch_factor or 2
 
 
 @dataclass

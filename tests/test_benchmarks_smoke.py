@@ -148,12 +148,15 @@ def test_window_drains_the_ready_queue_of_a_data_bound_loader_only():
     assert cand.discard < w.discarded < cand.discard + cand.drain_max, w  # stopped at the first wait
     cand.close()
     # compute-bound: the step is slower than the workers, the queue stays full: drained to the cap
-    fast = torch.utils.data.DataLoader(_SlowItems(400, 0.0), batch_size=1, num_workers=2, prefetch_factor=2)
-    cand = H.Candidate("fast", lambda: fast, lambda b: time.sleep(0.03), min_discard=0)
+    # (on a loaded machine one next() can still wait for a worker's feeder thread: the drain
+    # needs two waits within a round of the workers to stop, so it reaches the cap or nearly)
+    fast = torch.utils.data.DataLoader(_SlowItems(400, 0.0), batch_size=1, num_workers=2, prefetch_factor=4)
+    cand = H.Candidate("fast", lambda: fast, lambda b: time.sleep(0.05), min_discard=0)
     cand.start()
     time.sleep(0.5)  # the queue fills
     w = cand.window(None, min_steps=2, min_seconds=0.0, max_seconds=5.0)
-    assert w.discarded == cand.discard + cand.drain_max == 8, w
+    assert cand.discard == cand.drain_max == 8
+    assert cand.discard + cand.drain_max - 2 <= w.discarded <= cand.discard + cand.drain_max, w
     cand.close()
     # no workers: nothing to drain
     cand = H.Candidate("replay", lambda: H.replay(torch.zeros(2)), lambda b: None, count=lambda b: 2)
@@ -269,7 +272,8 @@ def test_transforms_reports_the_pillow_flavour(results):
     res = results["bench_transforms"]
     flavour = res["env"]["versions"]["pillow"]["flavour"]
     assert any(r["name"].startswith(f"cpu decode {flavour}") for r in res["rows"])
-    assert set(res["summary"]) == {"normalize", "resize", "hsv", "flip", "affine", "pillow_simd"}
+    assert set(res["summary"]) == {"normalize", "resize", "hsv", "flip", "affine", "pillow_simd", "fused"}
+    assert {"colour+flips", "colour+flips (torch ops)", "hsv (torch ops)"} <= {r["meta"].get("op") for r in res["rows"]}
 
 
 def test_pillow_simd_rows_come_from_a_child_importing_the_given_site(tmp_path):
@@ -309,7 +313,9 @@ def test_yolo_gap_rows_and_cpu_load(results):
     names = [r["name"] for r in res["rows"]]
     assert names[0].startswith("limit (replayed") and names[1].startswith("replay of 3 distinct")
     assert names[2].startswith("limit + 1 CPU-busy")
-    assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False"} <= set(names)
+    assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False",
+            "default + GPU HSV/flip (fused kernel)", "default + GPU HSV/flip, torch ops",
+            "2 workers + GPU HSV/flip (fused kernel)"} <= set(names)
     busy = res["summary"]["busy cores"]
     assert busy["limit + 1 dataset processes"] > busy[names[0]] + 0.3, busy
     drained = next(r for r in res["rows"] if r["name"].startswith("ring + loader drained"))

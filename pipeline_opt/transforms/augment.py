@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline_opt.transforms.boxes import BatchBoxes, box_candidates, clip_xyxy
+from pipeline_opt.transforms.fused import fused_available, hsv_flip, to_device_async
 
 __all__ = [
     "AffineParams",
@@ -165,29 +166,39 @@ class _RandomFlip(_RandomBatchAugment):
         """Draw one Bernoulli(p) per sample (ultralytics: ``random.random() < p``)."""
         return FlipParams(torch.rand(batch_size, generator=self.generator, dtype=torch.float64) < self.p)
 
+    def _check_params(self, params: FlipParams, batch_size: int) -> None:
+        if tuple(params.flip.shape) != (batch_size,):
+            raise ValueError(f"params.flip has shape {tuple(params.flip.shape)}, expected ({batch_size},)")
+
     def apply(self, images: torch.Tensor, params: FlipParams, boxes: BatchBoxes | None = None):
         """Flip the samples where ``params.flip`` is set; mirror their boxes."""
         _check_images(images)
         _check_boxes_arg(boxes)
-        flip = params.flip.to(images.device, non_blocking=True)
-        if flip.shape != (images.shape[0],):
-            raise ValueError(f"params.flip has shape {tuple(flip.shape)}, expected ({images.shape[0]},)")
+        self._check_params(params, images.shape[0])
+        flip = to_device_async(params.flip, images.device)
         out = torch.where(flip.view(-1, 1, 1, 1), images.flip(self._dim), images)
+        return _result(out, None if boxes is None else self.apply_boxes(boxes, params, images.shape[self._dim]))
+
+    def apply_boxes(self, boxes: BatchBoxes, params: FlipParams, extent: int) -> BatchBoxes:
+        """Mirror the boxes of the flipped samples; ``extent`` is the image size along the flipped axis.
+
+        Works on the boxes' own device and never waits for it (the flags are copied asynchronously).
+        """
+        _check_boxes_arg(boxes)
         if boxes is None or len(boxes) == 0:
-            return _result(out, boxes)
-        sel = flip.to(boxes.boxes.device)[boxes.sample_index].unsqueeze(-1)
+            return boxes
+        sel = to_device_async(params.flip, boxes.boxes.device)[boxes.sample_index].unsqueeze(-1)
         b = boxes.boxes
         if boxes.fmt == "xywhn":
             c = 0 if self._dim == -1 else 1
             mirrored = b.clone()
             mirrored[:, c] = 1 - b[:, c]
         else:
-            extent = images.shape[self._dim]
             lo, hi = (0, 2) if self._dim == -1 else (1, 3)
             mirrored = b.clone()
             mirrored[:, lo] = extent - b[:, hi]
             mirrored[:, hi] = extent - b[:, lo]
-        return out, BatchBoxes(torch.where(sel, mirrored, b), boxes.batch_idx, boxes.cls, boxes.fmt)
+        return BatchBoxes(torch.where(sel, mirrored, b), boxes.batch_idx, boxes.cls, boxes.fmt)
 
 
 class RandomHorizontalFlip(_RandomFlip):
@@ -317,20 +328,29 @@ class RandomHSV(_RandomBatchAugment):
         u = torch.rand(batch_size, 3, generator=self.generator, dtype=torch.float64) * 2 - 1
         return HSVParams(u * torch.tensor(self.gains, dtype=torch.float64))
 
+    def active(self, images: torch.Tensor) -> bool:
+        """Whether :meth:`apply` changes ``images`` (3 channels, a non-zero gain, a non-empty batch)."""
+        return images.shape[1] == 3 and any(self.gains) and images.shape[0] > 0
+
     def apply(self, images: torch.Tensor, params: HSVParams, boxes: BatchBoxes | None = None):
-        """Apply the gains of ``params`` to each sample; boxes pass through untouched."""
+        """Apply the gains of ``params`` to each sample; boxes pass through untouched.
+
+        On CUDA with Triton the work is one fused kernel (:mod:`pipeline_opt.transforms.fused`)."""
         _check_images(images)
         _check_boxes_arg(boxes)
         if params.gains.shape != (images.shape[0], 3):
             raise ValueError(
                 f"params.gains has shape {tuple(params.gains.shape)}, expected ({images.shape[0]}, 3)"
             )
-        if images.shape[1] != 3 or not any(self.gains) or images.shape[0] == 0:
+        if not self.active(images):
             return _result(images, boxes)
         x = _to_uint8(images)
+        if fused_available(x.device):  # one Triton kernel, bit-identical to the torch operations below
+            out = hsv_flip(x, hsv_luts(params.gains), channel_order=self.channel_order)
+            return _result(_from_uint8(out, images.dtype), boxes)
         if self.channel_order == "BGR":
             x = x.flip(1)
-        luts = hsv_luts(params.gains).to(images.device, non_blocking=True)  # (B, 3, 256)
+        luts = to_device_async(hsv_luts(params.gains), images.device)  # (B, 3, 256)
         hsv = rgb_to_hsv_u8(x)
         offset = torch.arange(luts.shape[0] * 3, device=images.device, dtype=torch.int32).view(-1, 3, 1, 1)
         mapped = luts.reshape(-1)[hsv + offset * 256]  # int32 indices: half the memory of int64
@@ -397,7 +417,7 @@ def _warp(images: torch.Tensor, params: AffineParams, fill: float) -> torch.Tens
     b, _, h_in, w_in = images.shape
     h_out, w_out = params.output_size
     device = images.device
-    inv = torch.linalg.inv(params.matrix.to(torch.float64)).to(device=device, dtype=torch.float32)
+    inv = to_device_async(torch.linalg.inv(params.matrix.to(torch.float64)).to(torch.float32), device)
     xs = torch.arange(w_out, device=device, dtype=torch.float32).view(1, 1, w_out)
     ys = torch.arange(h_out, device=device, dtype=torch.float32).view(1, h_out, 1)
 
@@ -532,9 +552,9 @@ class RandomPerspective(_RandomBatchAugment):
         dev, dtype = boxes.boxes.device, boxes.boxes.dtype
         idx = boxes.sample_index
         before = boxes.xyxy(in_size).to(torch.float64)
-        matrix = params.matrix.to(dev, torch.float64)[idx]
+        matrix = to_device_async(params.matrix.to(torch.float64), dev)[idx]
         after = clip_xyxy(_warp_boxes(before, matrix, params.perspective), params.output_size)
-        scaled = before * params.scale.to(dev, torch.float64)[idx].unsqueeze(-1)
+        scaled = before * to_device_async(params.scale.to(torch.float64), dev)[idx].unsqueeze(-1)
         keep = box_candidates(scaled, after, self.wh_thr, self.ar_thr, self.area_thr)
         moved = boxes.with_xyxy(after.to(dtype), params.output_size)
         return out, moved.select(keep)

@@ -37,13 +37,17 @@ from torch import nn
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt.transforms.augment import (
+    FlipParams,
+    HSVParams,
     RandomHorizontalFlip,
     RandomHSV,
     RandomPerspective,
     RandomVerticalFlip,
     _make_generator,
+    hsv_luts,
 )
 from pipeline_opt.transforms.boxes import BatchBoxes
+from pipeline_opt.transforms.fused import fused_available, hsv_flip, to_device_async
 
 __all__ = ["DetectionGPUAugment"]
 
@@ -73,8 +77,13 @@ class DetectionGPUAugment(nn.Module):
         degrees, translate, scale, shear, perspective: ultralytics' ``RandomPerspective`` ranges;
             with all of them 0 the warp is skipped.
         channel_order: of ``batch["img"]``; ultralytics batches are ``"RGB"``.
-        min_box_size: after all transforms boxes are clipped to the image, and boxes whose width or
-            height is not above this many pixels are dropped (with their ``cls`` and ``batch_idx``).
+        min_box_size: after a warp (or whenever this is > 0) boxes are clipped to the image, and
+            boxes whose width or height is not above this many pixels are dropped (with their
+            ``cls`` and ``batch_idx``). Without a warp and with 0 (the default) boxes are only
+            mirrored, as ultralytics' RandomFlip does, and the call never waits for the device.
+
+    On CUDA with Triton, HSV and both flips run as one fused kernel
+    (:mod:`pipeline_opt.transforms.fused`), bit-identical to the separate modules.
         seed: makes the draws reproducible (one CPU generator shared by the stages).
     """
 
@@ -150,15 +159,38 @@ class DetectionGPUAugment(nn.Module):
             )
         boxes = self._boxes(batch, img)
         size = (img.shape[-2], img.shape[-1])
-        if not self.affine.is_identity:
+        warped = not self.affine.is_identity
+        if warped:
             img, boxes = self.affine(img, boxes)
-        img, boxes = self.hsv(img, boxes)
-        img, boxes = self.flipud(img, boxes)
-        img, boxes = self.fliplr(img, boxes)
-        boxes = boxes.clip(size).drop_degenerate(size, self.min_box_size)
+        n = img.shape[0]
+        # the draws in ultralytics' order (HSV, vertical flip, horizontal flip), then one pass
+        hsv, ud, lr = self.hsv.sample_params(n), self.flipud.sample_params(n), self.fliplr.sample_params(n)
+        img = self._colour_and_flips(img, hsv, ud, lr)
+        boxes = self.flipud.apply_boxes(boxes, ud, img.shape[-2])
+        boxes = self.fliplr.apply_boxes(boxes, lr, img.shape[-1])
+        if warped or self.min_box_size > 0:
+            # the warp crops and can empty boxes; colour and flips cannot, and ultralytics filters
+            # nothing after them, so without a warp the boxes keep their count (and nothing syncs)
+            boxes = boxes.clip(size).drop_degenerate(size, self.min_box_size)
         out = dict(batch)
         out.update(img=img, bboxes=boxes.boxes, cls=boxes.cls, batch_idx=boxes.batch_idx)
         return out
+
+    def _colour_and_flips(self, img: torch.Tensor, hsv: HSVParams, ud: FlipParams, lr: FlipParams) -> torch.Tensor:
+        """HSV, vertical and horizontal flip of the images: one fused kernel where it can run."""
+        colour = self.hsv.active(img)
+        if img.dtype == torch.uint8 and img.shape[1] == 3 and fused_available(img.device):
+            if not colour and not self.flipud.p and not self.fliplr.p:
+                return img
+            return hsv_flip(img, hsv_luts(hsv.gains) if colour else None,
+                            flip_ud=ud.flip if self.flipud.p else None, flip_lr=lr.flip if self.fliplr.p else None,
+                            channel_order=self.hsv.channel_order)
+        img = self.hsv.apply(img, hsv)
+        if self.flipud.p:
+            img = self.flipud.apply(img, ud)
+        if self.fliplr.p:
+            img = self.fliplr.apply(img, lr)
+        return img
 
     @staticmethod
     def _boxes(batch: Mapping, img: torch.Tensor) -> BatchBoxes:
@@ -174,4 +206,6 @@ class DetectionGPUAugment(nn.Module):
         cls = batch.get("cls")
         if cls is None:
             cls = bboxes.new_zeros((n, 1))
-        return BatchBoxes(bboxes.to(img.device), batch_idx.to(img.device), cls.to(img.device), fmt="xywhn")
+        dev = img.device
+        return BatchBoxes(to_device_async(bboxes, dev), to_device_async(batch_idx, dev), to_device_async(cls, dev),
+                          fmt="xywhn")

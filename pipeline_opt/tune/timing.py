@@ -44,13 +44,28 @@ def skip_batches(warmup: int, num_workers: int) -> int:
 
 def steps_per_window(step_s: float, num_workers: int, *, window_s: float, min_steps: int = 2,
                      max_steps: int = 200) -> int:
-    """Steps in one window: ``window_s / step_s``, at least ``min_steps`` and one per worker."""
+    """Steps in one window: ``window_s / step_s``, at least ``min_steps`` and one per worker, and
+    a whole number of rounds of the workers (the nearest, within ``max_steps`` where one fits).
+
+    The DataLoader hands batches to its workers in turn, so a window of whole rounds holds the
+    same number of batches from every worker; a window that ends inside a burst of ready batches
+    reads faster than one that ends just before it (up to ``(rounds + 1) / rounds`` apart).
+    """
     if min_steps < 1 or max_steps < min_steps:
         raise ValueError(f"min_steps={min_steps}, max_steps={max_steps}: need 1 <= min_steps <= max_steps")
-    floor = max(min_steps, int(num_workers))
+    workers = max(0, int(num_workers))
+    floor = max(min_steps, workers)
     if not (step_s > 0 and math.isfinite(step_s)):
-        return min(max_steps, floor)
-    return int(min(max_steps, max(floor, round(window_s / step_s))))
+        steps = floor
+    else:
+        steps = max(floor, round(window_s / step_s))
+    if workers > 1:
+        steps = max(1, round(steps / workers)) * workers
+        if steps < min_steps:
+            steps = math.ceil(min_steps / workers) * workers
+        if steps > max_steps and max_steps >= workers:
+            steps = (max_steps // workers) * workers
+    return int(min(max_steps, steps))
 
 
 def effective_workers(num_workers: int, usable_cpus: float) -> float:

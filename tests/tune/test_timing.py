@@ -27,6 +27,20 @@ def test_slow_steps_get_few_steps_but_one_per_worker():
         timing.steps_per_window(0.1, 1, window_s=1.0, min_steps=0)
 
 
+def test_windows_hold_whole_rounds_of_the_workers():
+    # the YOLO case: 8 workers, 70 ms steps, 0.75 s windows -> 11 steps by time, 8 by rounds
+    assert timing.steps_per_window(0.07, 8, window_s=0.75) == 8
+    assert timing.steps_per_window(0.07, 8, window_s=1.0) == 16  # 14.3 steps -> 2 rounds
+    assert timing.steps_per_window(0.05, 3, window_s=1.0) == 21  # 20 steps -> 7 rounds
+    assert timing.steps_per_window(0.01, 8, window_s=1.0, max_steps=60) == 56  # the most whole rounds that fit
+    assert timing.steps_per_window(0.01, 80, window_s=1.0, max_steps=60) == 60  # one round does not fit: the cap
+    assert timing.steps_per_window(0.5, 2, window_s=1.0, min_steps=3) == 4  # min_steps, rounded up to a round
+    for workers in range(2, 17):
+        for step_s in (0.005, 0.03, 0.07, 0.2, 0.6):
+            steps = timing.steps_per_window(step_s, workers, window_s=1.0)
+            assert steps % workers == 0 and steps >= workers
+
+
 def test_littles_law_prediction_from_a_measured_configuration():
     # 4 workers at 0.6 s per step -> one worker needs 2.4 s per batch; 12 usable cores
     batch_s = timing.batch_seconds(0.6, 4, compute_s=0.07, usable_cpus=12)
