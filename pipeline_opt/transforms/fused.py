@@ -145,7 +145,7 @@ def _kernel():
     tl = triton.language
 
     @triton.jit
-    def hsv_flip_kernel(src, dst, params, tables, H, W, HW, DO_HSV: tl.constexpr, BGR: tl.constexpr,
+    def hsv_flip_kernel(src_ptr, dst_ptr, param_ptr, table_ptr, H, W, HW, DO_HSV: tl.constexpr, BGR: tl.constexpr,
                         BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         n = tl.program_id(1)
@@ -153,16 +153,16 @@ def _kernel():
         mask = offs < HW
         y = offs // W
         x = offs - y * W
-        prm = params + n.to(tl.int64) * 770
+        prm = param_ptr + n.to(tl.int64) * 770
         flip_ud = tl.load(prm + 768).to(tl.int32)
         flip_lr = tl.load(prm + 769).to(tl.int32)
         sy = tl.where(flip_ud != 0, H - 1 - y, y)
         sx = tl.where(flip_lr != 0, W - 1 - x, x)
         base = n.to(tl.int64) * 3 * HW
         src_off = base + sy * W + sx
-        c0 = tl.load(src + src_off, mask=mask, other=0)
-        c1 = tl.load(src + src_off + HW, mask=mask, other=0)
-        c2 = tl.load(src + src_off + 2 * HW, mask=mask, other=0)
+        c0 = tl.load(src_ptr + src_off, mask=mask, other=0)
+        c1 = tl.load(src_ptr + src_off + HW, mask=mask, other=0)
+        c2 = tl.load(src_ptr + src_off + 2 * HW, mask=mask, other=0)
         if DO_HSV:
             if BGR:
                 r = c2.to(tl.int32)
@@ -174,8 +174,8 @@ def _kernel():
             # OpenCV RGB2HSV_b (12-bit fixed point), as rgb_to_hsv_u8
             v = tl.maximum(tl.maximum(r, g), b)
             diff = v - tl.minimum(tl.minimum(r, g), b)
-            sdiv = tl.load(tables + v, mask=mask, other=0)
-            hdiv = tl.load(tables + 256 + diff, mask=mask, other=0)
+            sdiv = tl.load(table_ptr + v, mask=mask, other=0)
+            hdiv = tl.load(table_ptr + 256 + diff, mask=mask, other=0)
             s = (diff * sdiv + 2048) >> 12
             hh = tl.where(v == r, g - b, tl.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
             hh = (hh * tl.where(diff > 0, hdiv, 0) + 2048) >> 12
@@ -210,8 +210,8 @@ def _kernel():
                 c2 = bi.to(tl.uint8)
             c1 = gi.to(tl.uint8)
         dst_off = base + offs
-        tl.store(dst + dst_off, c0, mask=mask)
-        tl.store(dst + dst_off + HW, c1, mask=mask)
-        tl.store(dst + dst_off + 2 * HW, c2, mask=mask)
+        tl.store(dst_ptr + dst_off, c0, mask=mask)
+        tl.store(dst_ptr + dst_off + HW, c1, mask=mask)
+        tl.store(dst_ptr + dst_off + 2 * HW, c2, mask=mask)
 
     return hsv_flip_kernel
