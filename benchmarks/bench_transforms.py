@@ -128,24 +128,6 @@ def gpu_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
     return rows
 
 
-class _EnvDuring:
-    """Calls ``fn`` with an environment variable set (e.g. ``PIPELINE_OPT_FUSED=0``)."""
-
-    def __init__(self, fn: Callable[..., Any], name: str, value: str) -> None:
-        self.fn, self.name, self.value = fn, name, value
-
-    def __call__(self, *args: Any) -> Any:
-        saved = os.environ.get(self.name)
-        os.environ[self.name] = self.value
-        try:
-            return self.fn(*args)
-        finally:
-            if saved is None:
-                os.environ.pop(self.name, None)
-            else:
-                os.environ[self.name] = saved
-
-
 def host_seconds(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
     """Median host seconds one call takes to return (its launches; the device is not waited for).
 
@@ -188,10 +170,10 @@ def gpu_variant_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
     hsv = hsv_cls(0.015, 0.7, 0.4, seed=0)
     colour_flips = det_cls(translate=0.0, scale=0.0, fliplr=0.5, seed=0)
     variants = [
-        ("gpu hsv, torch ops (per batch)", "hsv (torch ops)", _EnvDuring(hsv, "PIPELINE_OPT_FUSED", "0"), x),
+        ("gpu hsv, torch ops (per batch)", "hsv (torch ops)", H.EnvDuring(hsv, "PIPELINE_OPT_FUSED", "0"), x),
         ("gpu colour+flips fused (per batch)", "colour+flips", colour_flips, batch),
         ("gpu colour+flips, torch ops (per batch)", "colour+flips (torch ops)",
-         _EnvDuring(colour_flips, "PIPELINE_OPT_FUSED", "0"), batch),
+         H.EnvDuring(colour_flips, "PIPELINE_OPT_FUSED", "0"), batch),
     ]
     for name, op, fn, arg in variants:
         name = f"{name[:-1]}, {device.type})"

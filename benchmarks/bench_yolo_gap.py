@@ -71,7 +71,6 @@ spend their wall time.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import threading
@@ -520,24 +519,6 @@ class TimedDefaultRow:
         _close_loader(loader)
 
 
-class Unfused:
-    """A step whose GPU augmentation runs as separate torch operations (``PIPELINE_OPT_FUSED=0``)."""
-
-    def __init__(self, step_fn: Any) -> None:
-        self.step_fn = step_fn
-
-    def __call__(self, model: Any, batch: Any) -> Any:
-        saved = os.environ.get("PIPELINE_OPT_FUSED")
-        os.environ["PIPELINE_OPT_FUSED"] = "0"
-        try:
-            return self.step_fn(model, batch)
-        finally:
-            if saved is None:
-                os.environ.pop("PIPELINE_OPT_FUSED", None)
-            else:
-                os.environ["PIPELINE_OPT_FUSED"] = saved
-
-
 def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
     """A clone of ultralytics' InfiniteDataLoader ``loader`` whose workers start under torch's
     ``strategy`` for sharing tensors (it starts them in its constructor, while the strategy is set)."""
@@ -596,7 +577,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "pipeline_opt.transforms.fused (one Triton kernel)"}),
         ProbedCandidate("default + GPU HSV/flip, torch ops", lambda: clone_loader(gpu_aug().loader),
-                        lambda b: bench.stepper(Unfused(gpu_aug().step_fn))(b), count=_count, on_close=_close_loader,
+                        lambda b: bench.stepper(H.EnvDuring(gpu_aug().step_fn, "PIPELINE_OPT_FUSED", "0"))(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
         ProbedCandidate(f"{more} workers + GPU HSV/flip (fused kernel)", lambda: gpu_aug_more().loader,
                         lambda b: bench.stepper(gpu_aug_more().step_fn)(b), count=_count, on_close=_close_loader,

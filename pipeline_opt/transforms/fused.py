@@ -19,6 +19,7 @@ host-to-device copy, so the call never waits for the device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -133,8 +134,9 @@ def hsv_flip(images: torch.Tensor, luts: torch.Tensor | None = None, *, flip_ud:
     kernel = _kernel()
     grid = (-(-(h * w) // _BLOCK), b)
     extra = {} if _interpreting() else {"enable_fp_fusion": False, "num_warps": 4}
-    kernel[grid](src, out, params, tables, h, w, h * w, DO_HSV=luts is not None, BGR=channel_order == "BGR",
-                 BLOCK=_BLOCK, **extra)
+    with torch.cuda.device(src.device) if src.is_cuda else contextlib.nullcontext():  # Triton launches on the current device
+        kernel[grid](src, out, params, tables, h, w, h * w, DO_HSV=luts is not None, BGR=channel_order == "BGR",
+                     BLOCK=_BLOCK, **extra)
     return out
 
 
