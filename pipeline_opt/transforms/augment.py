@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -265,17 +266,35 @@ def hsv_luts(gains: torch.Tensor) -> torch.Tensor:
     """Ultralytics' per-image lookup tables for ``r = gains`` (``(B, 3)``) -> ``(B, 3, 256)`` uint8.
 
     ``hue = (x + r0 * 180) % 180``, ``sat = clip(x * (1 + r1), 0, 255)``, ``val = clip(x * (1 + r2))``,
-    truncated to uint8 as numpy's ``astype`` does (computed in float64 like numpy).
+    truncated to uint8: computed with numpy in float64 on the CPU, the very expressions of
+    ultralytics (numpy's float ``%`` is exact where ``torch.remainder`` may round), and about ten
+    times faster than torch operations on such small arrays (the training thread pays for it per
+    batch). The result is on ``gains``' device.
     """
     if gains.ndim != 2 or gains.shape[-1] != 3:
         raise ValueError(f"gains must have shape (B, 3), got {tuple(gains.shape)}")
-    r = gains.to(torch.float64).unsqueeze(-1)
-    x = torch.arange(256, dtype=torch.float64, device=gains.device)
-    hue = torch.remainder(x + r[:, 0] * 180, 180)
-    sat = (x * (r[:, 1] + 1)).clamp(0, 255)
-    val = (x * (r[:, 2] + 1)).clamp(0, 255)
+    r = gains.detach().to("cpu", torch.float64).numpy()
+    x = np.arange(256, dtype=np.float64)
+    hue = _mod180(x + r[:, :1] * 180).astype(np.uint8)
+    sat = np.clip(x * (r[:, 1:2] + 1), 0, 255).astype(np.uint8)
+    val = np.clip(x * (r[:, 2:3] + 1), 0, 255).astype(np.uint8)
     sat[:, 0] = 0
-    return torch.stack((hue, sat, val), 1).to(torch.uint8)
+    luts = torch.from_numpy(np.stack((hue, sat, val), 1))
+    return luts if gains.device.type == "cpu" else luts.to(gains.device)
+
+
+def _mod180(a: np.ndarray) -> np.ndarray:
+    """numpy's ``a % 180`` for float64 (the same values; ``-0.0`` may keep its sign, which no
+    uint8 cast sees), without numpy's slow general divmod.
+
+    For ``a`` in ``[-180, 540)`` (hue gains up to 1) numpy computes ``fmod(a, 180)``, plus 180 when
+    that is negative. There ``fmod`` is ``a``, ``a - 180`` or ``a - 360``, and those two
+    subtractions are exact (Sterbenz: ``b / 2 <= a <= 2 b``); the ``+ 180`` is the same addition
+    numpy makes. Other ranges take numpy's ``%``.
+    """
+    if a.size == 0 or a.min() < -180 or a.max() >= 540:
+        return a % 180
+    return np.where(a >= 360, a - 360, np.where(a >= 180, a - 180, np.where(a < 0, a + 180, a)))
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,25 @@ def test_hsv_matches_ultralytics_with_the_same_gains(bgr_image, u, monkeypatch):
     torch.testing.assert_close(as_float, rgb.float() / 255)
 
 
+def test_hsv_luts_are_ultralytics_tables_exactly():
+    from pipeline_opt.transforms.augment import hsv_luts
+
+    rng = np.random.default_rng(0)
+    r = np.concatenate((rng.uniform(-1, 1, (200, 3)) * np.array(HSV_GAINS), rng.uniform(-1, 1, (200, 3)),
+                        rng.uniform(-3, 3, (20, 3))))  # ultralytics' gains, hgain 1, and beyond
+    r[:6] = [[-1.0, 0.0, 0.0], [1.0, -1.0, 1.0], [0.0, 0.0, 0.0], [-0.5 / 180, 0.7, -0.4],
+             [-1e-17, 0.0, 0.0], [np.nextafter(-1.0, 0.0), 0.0, 0.0]]  # edges
+    luts = hsv_luts(torch.from_numpy(r))
+    assert luts.shape == (len(r), 3, 256) and luts.dtype == torch.uint8
+    x = np.arange(256, dtype=np.float64)
+    for i, ri in enumerate(r):  # ultralytics' RandomHSV.__call__, line by line
+        hue = ((x + ri[0] * 180) % 180).astype(np.uint8)
+        sat = np.clip(x * (ri[1] + 1), 0, 255).astype(np.uint8)
+        val = np.clip(x * (ri[2] + 1), 0, 255).astype(np.uint8)
+        sat[0] = 0
+        assert np.array_equal(luts[i].numpy(), np.stack((hue, sat, val))), i
+
+
 def _hsv_means(bgr: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV).reshape(-1, 3).mean(0)
 
