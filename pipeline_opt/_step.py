@@ -116,6 +116,16 @@ def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = 
     return batch
 
 
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without making the host wait: a pageable CPU tensor is page-locked
+    first, then copied without blocking (a copy from pageable memory waits for the device's queue)."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+    return t.to(device)
+
+
 def batch_size_of(batch: Any) -> int:
     """Number of samples in ``batch`` (leading dimension of its image tensor, else of its first tensor)."""
     try:

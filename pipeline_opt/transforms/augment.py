@@ -43,8 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline_opt._step import to_device_async
 from pipeline_opt.transforms.boxes import BatchBoxes, box_candidates, clip_xyxy
-from pipeline_opt.transforms.fused import fused_available, hsv_flip, to_device_async
+from pipeline_opt.transforms.fused import fused_available, hsv_flip
 
 __all__ = [
     "AffineParams",
@@ -267,9 +268,9 @@ def hsv_luts(gains: torch.Tensor) -> torch.Tensor:
 
     ``hue = (x + r0 * 180) % 180``, ``sat = clip(x * (1 + r1), 0, 255)``, ``val = clip(x * (1 + r2))``,
     truncated to uint8: computed with numpy in float64 on the CPU, the very expressions of
-    ultralytics (numpy's float ``%`` is exact where ``torch.remainder`` may round), and about ten
-    times faster than torch operations on such small arrays (the training thread pays for it per
-    batch). The result is on ``gains``' device.
+    ultralytics (numpy's float ``%`` is exact where ``torch.remainder`` may round); numpy is also
+    cheaper than torch operations on arrays this small, and the training thread pays for it per
+    batch. The result is on ``gains``' device.
     """
     if gains.ndim != 2 or gains.shape[-1] != 3:
         raise ValueError(f"gains must have shape (B, 3), got {tuple(gains.shape)}")

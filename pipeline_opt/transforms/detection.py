@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt._step import to_device_async
 from pipeline_opt.transforms.augment import (
     FlipParams,
     HSVParams,
@@ -47,7 +48,7 @@ from pipeline_opt.transforms.augment import (
     hsv_luts,
 )
 from pipeline_opt.transforms.boxes import BatchBoxes
-from pipeline_opt.transforms.fused import fused_available, hsv_flip, to_device_async
+from pipeline_opt.transforms.fused import fused_available, hsv_flip
 
 __all__ = ["DetectionGPUAugment"]
 

@@ -26,10 +26,11 @@ import os
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt._step import to_device_async
 
 log = get_logger("transforms.fused")
 
-__all__ = ["fused_available", "hsv_flip", "hsv_tables", "to_device_async"]
+__all__ = ["fused_available", "hsv_flip", "hsv_tables"]
 
 _HSV_SHIFT = 12
 _BLOCK = 1024
@@ -76,16 +77,6 @@ def _hsv_tables_cached(device: str) -> torch.Tensor:
     sdiv = torch.round(float(255 << _HSV_SHIFT) / x).to(torch.int32)
     hdiv = torch.round(float((180 << _HSV_SHIFT) / 6) / x).to(torch.int32)
     return torch.stack((sdiv, hdiv)).to(device)
-
-
-def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` without making the host wait: a CPU tensor goes through page-locked
-    memory with a non-blocking copy (a copy from pageable memory waits for the device's queue)."""
-    if t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def _params(luts: torch.Tensor | None, flip_ud: torch.Tensor | None, flip_lr: torch.Tensor | None,
