@@ -59,6 +59,11 @@ Every row that keeps its source runs 8 s of untimed steps once, right after it i
 its first window: a loader built for the benchmark then starts as warm as the default one (in
 the run at 29e6c15 every freshly built loader's first window read 30-50% slower, its later ones not).
 
+With --torch-profile N, every row then runs N steps under torch.profiler (CPU + CUDA activity):
+``summary.torch_profile`` has per step the wall time, the device's kernel time, the top host
+operations by self CPU time, the top kernels and the syncing operations (a diagnostic: tracing
+slows the host).
+
 With --sample, a thread samples every Python thread's innermost frame every 2 ms during every
 window (the counts go into each row's meta): where the training thread and the pin-memory thread
 spend their wall time.
@@ -556,6 +561,9 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
+        ProbedCandidate("limit + GPU HSV/flip (fused kernel)", lambda: H.replay(batch),
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, discard=3,
+                        meta={**gpu_meta, "what": "the replayed batch through the GPU-augmenting step, no loader"}),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
                         count=_count, discard=3,
                         meta={"what": "consecutive real batches of the default loader, pinned, replayed in turn"}),
@@ -613,6 +621,53 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     ]
 
 
+_SYNC_OPS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
+             "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::unique", "aten::_unique2")
+
+
+def _per_step(total_us: float, steps: int) -> float:
+    return round(total_us / 1e3 / max(steps, 1), 3)
+
+
+def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_steps: int = 10,
+                  top: int = 12) -> dict[str, Any]:
+    """``steps`` steps of ``cand`` under torch.profiler (CPU + CUDA activity), after ``warm_steps``.
+
+    Per step: wall time, the device's kernel time, the training thread's top operations by self CPU
+    time (a host sync shows as cudaStreamSynchronize / _local_scalar_dense time), the top kernels
+    by device time, and the known syncing operations with their counts. A diagnostic of where the
+    step's time goes, not a throughput (tracing slows the host by ~20%)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cand.start()
+    for _ in range(warm_steps):
+        cand.step(cand._next())
+    H.sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            cand.step(cand._next())
+        H.sync(device)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+
+    def dev(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+
+    by_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    by_dev = sorted(events, key=dev, reverse=True)[:top]
+    return {
+        "steps": steps, "wall_ms_per_step": round(1e3 * wall / steps, 2),
+        "device_ms_per_step": _per_step(sum(dev(e) for e in events), steps),
+        "cpu_ms_per_step": _per_step(sum(e.self_cpu_time_total for e in events), steps),
+        "top_cpu": [[e.key, _per_step(e.self_cpu_time_total, steps), round(e.count / steps, 1)] for e in by_cpu],
+        "top_device": [[e.key[:90], _per_step(dev(e), steps), round(e.count / steps, 1)] for e in by_dev if dev(e) > 0],
+        "syncs": {e.key: [_per_step(e.self_cpu_time_total, steps), round(e.count / steps, 1)]
+                  for e in events if e.key in _SYNC_OPS},
+    }
+
+
 def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandidate]:
     """The limit row and the rows whose names start with one of the comma-separated ``rows``
     (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted;
@@ -662,10 +717,20 @@ def run(args: Any) -> Path:
     cands[0].window(device, min_steps=3, min_seconds=0.0, max_seconds=5.0)  # cuDNN + allocator warm-up
     cands[0].reset_probes()
     course = timecourse(bench, cands[0].step, sizes.timecourse_s) if sizes.timecourse_s > 0 else None
+    # with --torch-profile the sources stay open for the traced steps (a closed ultralytics loader
+    # cannot be iterated again); each is closed right after its trace
     measured = H.interleave(cands, y.rounds, device, deadline=H.Deadline(y.budget_s), min_steps=y.min_steps,
-                            min_seconds=y.min_seconds, max_seconds=y.max_seconds)
+                            min_seconds=y.min_seconds, max_seconds=y.max_seconds, close=not args.torch_profile)
     for c in cands:
         c.meta.update(c.probe_meta())
+    profiled = {}
+    for c in cands if args.torch_profile else []:
+        try:
+            profiled[c.name] = torch_profile(c, device, args.torch_profile)
+        except Exception as exc:  # a diagnostic: one failing row must not lose the measured ones
+            profiled[c.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            c.close()
     rows = H.rows_of(cands, measured)
     limit = rows[0]
     rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
@@ -676,7 +741,8 @@ def run(args: Any) -> Path:
                "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
                "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
                "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name)),
-               **({"timecourse": course} if course is not None else {})}
+               **({"timecourse": course} if course is not None else {}),
+               **({"torch_profile": profiled} if profiled else {})}
     path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                           started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
                                                    "ddp": False, "amp": bench.amp})
@@ -687,6 +753,8 @@ def run(args: Any) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = H.common_parser(__doc__.splitlines()[0])
     p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
+    p.add_argument("--torch-profile", type=int, default=0, metavar="STEPS",
+                   help="after the windows, trace STEPS steps of every row with torch.profiler (summary.torch_profile)")
     p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
     p.add_argument("--warmup-s", type=float, default=None, help="untimed steps per row before its first window "
                                                                  "(default 8)")
