@@ -629,14 +629,39 @@ def _per_step(total_us: float, steps: int) -> float:
     return round(total_us / 1e3 / max(steps, 1), 3)
 
 
+def _call_site(event: Any, depth: int = 4) -> str:
+    """The nearest Python frames above a profiled operation (torch's own frames skipped)."""
+    frames, parent = [], event.cpu_parent
+    while parent is not None and len(frames) < depth:
+        name = parent.name
+        if ".py(" in name and not name.startswith(("torch/", "<built-in")) and "/torch/" not in name:
+            frames.append(name)
+        parent = parent.cpu_parent
+    return " < ".join(frames)
+
+
+def _by_call_site(events: Any, steps: int, top: int) -> list[list[Any]]:
+    """Host operations' self CPU time per step grouped by (operation, Python call site)."""
+    total: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if ".py(" in e.name or e.name.startswith("<built-in"):
+            continue
+        acc = total[(e.name, f"[thread {e.thread}] {_call_site(e)}")]
+        acc[0] += e.self_cpu_time_total
+        acc[1] += 1
+    ranked = sorted(total.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+    return [[op, _per_step(us, steps), round(n / steps, 1), site] for (op, site), (us, n) in ranked]
+
+
 def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_steps: int = 10,
-                  top: int = 12) -> dict[str, Any]:
+                  top: int = 12, stacks: bool = False) -> dict[str, Any]:
     """``steps`` steps of ``cand`` under torch.profiler (CPU + CUDA activity), after ``warm_steps``.
 
     Per step: wall time, the device's kernel time, the training thread's top operations by self CPU
     time (a host sync shows as cudaStreamSynchronize / _local_scalar_dense time), the top kernels
     by device time, and the known syncing operations with their counts. A diagnostic of where the
-    step's time goes, not a throughput (tracing slows the host by ~20%)."""
+    step's time goes, not a throughput (tracing slows the host by ~20%). With ``stacks`` the top
+    host operations are also listed by their Python call site (``top_cpu_by_stack``)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -645,7 +670,7 @@ def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_
         cand.step(cand._next())
     H.sync(device)
     t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, with_stack=stacks) as prof:
         for _ in range(steps):
             cand.step(cand._next())
         H.sync(device)
@@ -657,7 +682,9 @@ def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_
 
     by_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     by_dev = sorted(events, key=dev, reverse=True)[:top]
+    by_stack = _by_call_site(prof.events(), steps, 2 * top) if stacks else []
     return {
+        **({"top_cpu_by_stack": by_stack} if stacks else {}),
         "steps": steps, "wall_ms_per_step": round(1e3 * wall / steps, 2),
         "device_ms_per_step": _per_step(sum(dev(e) for e in events), steps),
         "cpu_ms_per_step": _per_step(sum(e.self_cpu_time_total for e in events), steps),
@@ -726,7 +753,7 @@ def run(args: Any) -> Path:
     profiled = {}
     for c in cands if args.torch_profile else []:
         try:
-            profiled[c.name] = torch_profile(c, device, args.torch_profile)
+            profiled[c.name] = torch_profile(c, device, args.torch_profile, stacks=args.profile_stacks)
         except Exception as exc:  # a diagnostic: one failing row must not lose the measured ones
             profiled[c.name] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -755,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
     p.add_argument("--torch-profile", type=int, default=0, metavar="STEPS",
                    help="after the windows, trace STEPS steps of every row with torch.profiler (summary.torch_profile)")
+    p.add_argument("--profile-stacks", action="store_true",
+                   help="with --torch-profile: also the top host operations by Python call site")
     p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
     p.add_argument("--warmup-s", type=float, default=None, help="untimed steps per row before its first window "
                                                                  "(default 8)")
