@@ -117,12 +117,17 @@ def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = 
 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` without making the host wait: a pageable CPU tensor is page-locked
-    first, then copied without blocking (a copy from pageable memory waits for the device's queue)."""
+    """``t`` on ``device`` without making the host wait: a pageable CPU tensor goes through a
+    reused page-locked buffer (:mod:`pipeline_opt._staging`), then is copied without blocking (a
+    copy from pageable memory waits for the device's queue)."""
     if t.device == device:
         return t
     if device.type == "cuda" and t.device.type == "cpu":
-        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+        if t.is_pinned():
+            return t.to(device, non_blocking=True)
+        from pipeline_opt._staging import staging_for
+
+        return staging_for(device).upload(t)
     return t.to(device)
 
 

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import os
 
+import numpy as np
 import torch
 
 from pipeline_opt._logging import get_logger
@@ -81,14 +82,18 @@ def _hsv_tables_cached(device: str) -> torch.Tensor:
 
 def _params(luts: torch.Tensor | None, flip_ud: torch.Tensor | None, flip_lr: torch.Tensor | None,
             batch: int) -> torch.Tensor:
-    """The ``(B, 770)`` uint8 parameter block (lookup tables, flip flags) on the CPU."""
-    out = torch.zeros(batch, _PARAM_STRIDE, dtype=torch.uint8)
+    """The ``(B, 770)`` uint8 parameter block (lookup tables, flip flags) on the CPU.
+
+    Built with numpy: torch's CPU fill / copy of a block this size (> 32,768 elements) would run
+    on the intra-op thread pool, which waits for descheduled threads while loader workers keep
+    the cores busy (see :mod:`pipeline_opt._staging`)."""
+    out = np.zeros((batch, _PARAM_STRIDE), dtype=np.uint8)
     if luts is not None:
-        out[:, :768] = luts.to("cpu", torch.uint8).reshape(batch, 768)
+        out[:, :768] = luts.to("cpu", torch.uint8).reshape(batch, 768).numpy()
     for col, flags in ((768, flip_ud), (769, flip_lr)):
         if flags is not None:
-            out[:, col] = flags.to("cpu").reshape(batch).to(torch.uint8)
-    return out
+            out[:, col] = flags.to("cpu").reshape(batch).numpy()
+    return torch.from_numpy(out)
 
 
 def hsv_flip(images: torch.Tensor, luts: torch.Tensor | None = None, *, flip_ud: torch.Tensor | None = None,
