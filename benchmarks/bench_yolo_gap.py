@@ -21,6 +21,7 @@ and the training thread's own CPU seconds per step:
     limit + N dataset procs     the same replay while N forked processes run the loader's own
                                 dataset[i] in a loop and drop the results: the workers' work
                                 (and memory traffic) without any batch delivered
+    limit + GPU HSV/flip        the replayed batch through the GPU-augmenting step (no loader)
     default                     ultralytics' loader (8 workers), images decoded from disk
     cache=ram                   the same loader with ultralytics' RAM image cache (no decode)
     cache=ram + GPU HSV/flip    and ultralytics' CPU HSV / flip done on the GPU (forced)
@@ -561,9 +562,6 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
-        ProbedCandidate("limit + GPU HSV/flip (fused kernel)", lambda: H.replay(batch),
-                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, discard=3,
-                        meta={**gpu_meta, "what": "the replayed batch through the GPU-augmenting step, no loader"}),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
                         count=_count, discard=3,
                         meta={"what": "consecutive real batches of the default loader, pinned, replayed in turn"}),
@@ -574,6 +572,9 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         lambda: LoadedReplay(batch, DatasetBusy(y.default_workers, bench.base.loader.dataset)), step,
                         count=_count, discard=3, fresh=True, on_close=lambda src: src.close(),
                         meta={"busy": "dataset[i] in a loop per forked process, results dropped"}),
+        ProbedCandidate("limit + GPU HSV/flip (fused kernel)", lambda: H.replay(batch),
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, discard=3,
+                        meta={**gpu_meta, "what": "the replayed batch through the GPU-augmenting step, no loader"}),
         ProbedCandidate(f"default (ultralytics, workers={y.default_workers})", lambda: bench.base.loader, step,
                         count=_count, on_close=_close_loader),
         ProbedCandidate("cache=ram", lambda: cached().loader, lambda b: bench.stepper(cached().step_fn)(b),
@@ -653,6 +654,11 @@ def _by_call_site(events: Any, steps: int, top: int) -> list[list[Any]]:
     return [[op, _per_step(us, steps), round(n / steps, 1), site] for (op, site), (us, n) in ranked]
 
 
+def _on_device(event: Any) -> bool:
+    """Whether a profiler event is device work itself (a kernel, memcpy, memset), not a host operation."""
+    return str(getattr(event, "device_type", "")).endswith(("CUDA", "PrivateUse1"))
+
+
 def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_steps: int = 10,
                   top: int = 12, stacks: bool = False) -> dict[str, Any]:
     """``steps`` steps of ``cand`` under torch.profiler (CPU + CUDA activity), after ``warm_steps``.
@@ -686,7 +692,9 @@ def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_
     return {
         **({"top_cpu_by_stack": by_stack} if stacks else {}),
         "steps": steps, "wall_ms_per_step": round(1e3 * wall / steps, 2),
-        "device_ms_per_step": _per_step(sum(dev(e) for e in events), steps),
+        # kernels and copies only: an operation's own device time repeats its kernels' (the JSON of
+        # 0b869ae..cab8f1c summed both, about twice the kernel time)
+        "device_ms_per_step": _per_step(sum(dev(e) for e in events if _on_device(e)), steps),
         "cpu_ms_per_step": _per_step(sum(e.self_cpu_time_total for e in events), steps),
         "top_cpu": [[e.key, _per_step(e.self_cpu_time_total, steps), round(e.count / steps, 1)] for e in by_cpu],
         "top_device": [[e.key[:90], _per_step(dev(e), steps), round(e.count / steps, 1)] for e in by_dev if dev(e) > 0],

@@ -175,7 +175,7 @@ def test_settle_waits_at_most_its_limit():
 def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     from types import SimpleNamespace
 
-    from benchmarks.bench_yolo_gap import select, worker_deltas
+    from benchmarks.bench_yolo_gap import _on_device, select, worker_deltas
 
     names = ["limit (replayed pinned batch)", "default (ultralytics, workers=8)", "default, shared slots",
              "default, shared slots, not page-locked", "12 workers", "loader alone: 12 workers"]
@@ -190,6 +190,11 @@ def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     before = {1: (1.0, 0.5, 10, 0), 2: (2.0, 0.0, 5, 1)}
     after = {1: (1.5, 0.75, 30, 0), 2: (2.0, 0.0, 5, 1), 3: (0.25, 0.25, 7, 2)}
     assert worker_deltas(before, after) == (0.75, 0.5, 27, 2)
+    # only device events count as device time (a host operation's own device time repeats its kernels')
+    from torch.autograd import DeviceType
+
+    assert _on_device(SimpleNamespace(device_type=DeviceType.CUDA))
+    assert not _on_device(SimpleNamespace(device_type=DeviceType.CPU)) and not _on_device(SimpleNamespace())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,7 +215,7 @@ def results(tmp_path_factory):
     for name in NAMES:
         # bench_yolo runs its restricted-cores part as `--cores 1` directly (the child mode), which
         # exercises the same code as the child process at half the cost
-        extra = ["--cores", "1"] if name == "bench_yolo" else []
+        extra = {"bench_yolo": ["--cores", "1"], "bench_yolo_gap": ["--torch-profile", "2", "--profile-stacks"]}.get(name, [])
         proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--device", "cpu",
                                "--out", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=300)
@@ -324,6 +329,18 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert busy[names[2]] > busy[names[0]] + 0.3, busy
     per_step = res["summary"]["train thread CPU s/step"]
     assert all(v is not None and v > 0 for v in per_step.values()), per_step
+    # --torch-profile 2 --profile-stacks: every row traced, its ops attributed to a thread and a call site
+    traced = res["summary"]["torch_profile"]
+    assert set(traced) == set(names), set(names) ^ set(traced)
+    for name, prof in traced.items():
+        assert "error" not in prof, (name, prof)
+        assert prof["steps"] == 2 and prof["wall_ms_per_step"] > 0 and prof["cpu_ms_per_step"] > 0
+        assert prof["device_ms_per_step"] == 0  # no device on the CPU: no kernel counted
+        assert prof["top_cpu"] and all(ms >= 0 and calls > 0 for _, ms, calls in prof["top_cpu"])
+        sites = [site for _, _, _, site in prof["top_cpu_by_stack"]]
+        assert sites and all(site.startswith("[thread ") for site in sites)
+    gpu_step = traced["limit + GPU HSV/flip (fused kernel)"]["top_cpu_by_stack"]
+    assert any("_yolo_step.py" in site for *_, site in gpu_step), gpu_step
     slots = next(r for r in res["rows"] if r["name"] == "default, shared slots")
     assert slots["throughput"] > 0 and "slot_stats" in slots["meta"]
     assert slots["meta"]["slot_stats"]["worker_fetch_ms_per_batch"] > 0

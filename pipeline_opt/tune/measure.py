@@ -68,11 +68,19 @@ class TrialFailed(Exception):
 
 
 def classify_loader_error(exc: BaseException) -> str:
-    """``worker_died`` / ``timeout`` for the DataLoader's own failures, ``data`` for the dataset's."""
+    """``worker_died`` / ``timeout`` for the DataLoader's own failures, ``data`` for the dataset's.
+
+    A worker killed while the main process receives its batch (the shared-memory handle travels
+    over a socket) surfaces as ``ConnectionResetError`` / ``EOFError`` / ``BrokenPipeError`` in
+    the main process, before torch's own "exited unexpectedly" check: that is a dead worker too.
+    The same types raised by the dataset inside a worker come back re-raised with "Caught ... in
+    DataLoader worker process" in their message, and stay ``data``."""
     text = str(exc)
     if "timed out" in text and "DataLoader" in text:
         return "timeout"
     if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by signal" in text):
+        return "worker_died"
+    if isinstance(exc, (ConnectionError, EOFError)) and "in DataLoader worker process" not in text:
         return "worker_died"
     return "data"
 
@@ -283,7 +291,8 @@ def _step(step_fn: Callable, model: torch.nn.Module, batch: Any, device: torch.d
     try:
         step_fn(model, batch)
     except Exception as exc:
-        if classify_loader_error(exc) == "worker_died":  # torch's SIGCHLD handler raises wherever we are
+        # torch's SIGCHLD handler raises wherever we are (its message names the DataLoader worker)
+        if "DataLoader worker" in str(exc) and classify_loader_error(exc) == "worker_died":
             raise TrialFailed("worker_died", f"a worker died: {type(exc).__name__}: {_first_line(exc)}") from exc
         raise TrialFailed("step", f"step_fn raised {type(exc).__name__}: {_first_line(exc)}") from exc
 

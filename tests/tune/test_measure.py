@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from tune_fixtures import Fast, SlowIO, tiny_model
 
 from pipeline_opt._step import default_step
-from pipeline_opt.tune.measure import TrialFailed, live_children, measure_throughput
+from pipeline_opt.tune.measure import TrialFailed, classify_loader_error, live_children, measure_throughput
 
 CPU = torch.device("cpu")
 
@@ -80,3 +80,18 @@ def test_deadline_ends_the_trial_after_a_window():
     with pytest.raises(TrialFailed) as info:
         measure_throughput(loader, tiny_model(), default_step, CPU, deadline=time.monotonic() - 1)
     assert info.value.kind == "budget"
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (RuntimeError("DataLoader worker (pid 123) exited unexpectedly"), "worker_died"),
+    (RuntimeError("DataLoader worker (pid(s) 9) exited unexpectedly ... killed by signal: Killed."), "worker_died"),
+    (RuntimeError("DataLoader timed out after 5 seconds"), "timeout"),
+    # a worker killed while its batch's handle was being received: the socket breaks first
+    (ConnectionResetError(104, "Connection reset by peer"), "worker_died"),
+    (EOFError(), "worker_died"),
+    # the same types raised by the dataset inside a worker are the data's fault
+    (EOFError("Caught EOFError in DataLoader worker process 0.\nOriginal Traceback ..."), "data"),
+    (ValueError("bad sample"), "data"),
+])
+def test_classify_loader_error(exc, kind):
+    assert classify_loader_error(exc) == kind
