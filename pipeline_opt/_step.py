@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline_opt._staging import staging_for
+
 StepFn = Callable[[torch.nn.Module, Any], Any]
 
 _IMAGE_KEYS = ("img", "image", "images", "input", "inputs", "pixel_values", "x")
@@ -125,8 +127,6 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
         if t.is_pinned():
             return t.to(device, non_blocking=True)
-        from pipeline_opt._staging import staging_for
-
         return staging_for(device).upload(t)
     return t.to(device)
 

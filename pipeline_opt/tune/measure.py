@@ -78,11 +78,16 @@ def classify_loader_error(exc: BaseException) -> str:
     text = str(exc)
     if "timed out" in text and "DataLoader" in text:
         return "timeout"
-    if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by signal" in text):
+    if _torch_names_a_dead_worker(text):
         return "worker_died"
     if isinstance(exc, (ConnectionError, EOFError)) and "in DataLoader worker process" not in text:
         return "worker_died"
     return "data"
+
+
+def _torch_names_a_dead_worker(text: str) -> bool:
+    """Whether ``text`` is torch's own message for a DataLoader worker that exited or was killed."""
+    return "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by signal" in text)
 
 
 def synchronize(device: torch.device) -> None:
@@ -291,8 +296,7 @@ def _step(step_fn: Callable, model: torch.nn.Module, batch: Any, device: torch.d
     try:
         step_fn(model, batch)
     except Exception as exc:
-        # torch's SIGCHLD handler raises wherever we are (its message names the DataLoader worker)
-        if "DataLoader worker" in str(exc) and classify_loader_error(exc) == "worker_died":
+        if _torch_names_a_dead_worker(str(exc)):  # torch's SIGCHLD handler raises wherever we are
             raise TrialFailed("worker_died", f"a worker died: {type(exc).__name__}: {_first_line(exc)}") from exc
         raise TrialFailed("step", f"step_fn raised {type(exc).__name__}: {_first_line(exc)}") from exc
 
