@@ -284,13 +284,32 @@ def worker_deltas(before: dict[int, tuple], after: dict[int, tuple]) -> tuple[fl
     return sums[0], sums[1], int(sums[2]), int(sums[3])
 
 
+class _IntraOpThreads:
+    """``torch.set_num_threads(n)`` for a block, the previous count restored after it (None: no-op)."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n, self.saved = n, None
+
+    def __enter__(self) -> None:
+        if self.n is not None:
+            self.saved = torch.get_num_threads()
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.saved is not None:
+            torch.set_num_threads(self.saved)
+            self.saved = None
+
+
 class ProbedCandidate(H.Candidate):
     """A Candidate that also records, per window, busy cores, the training thread's CPU s/step and
     the worker processes' CPU seconds and page faults per batch."""
 
-    def __init__(self, *args: Any, switch_interval: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, switch_interval: float | None = None, intra_op_threads: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.switch_interval = switch_interval
+        self.intra_op_threads = intra_op_threads
         self.sample = False
         self.stacks: list[dict[str, Any]] = []
         self.busy_cores: list[float] = []
@@ -298,6 +317,15 @@ class ProbedCandidate(H.Candidate):
         self.workers: list[dict[str, float]] = []
 
     def window(self, device: Any, **kw: Any) -> H.Window:
+        with self.threads():
+            return self._window(device, **kw)
+
+    def threads(self) -> Any:
+        """The training process's intra-op thread count set to this row's for the block (a no-op
+        without ``intra_op_threads``): set once per window, as resizing the pools costs thread starts."""
+        return _IntraOpThreads(self.intra_op_threads)
+
+    def _window(self, device: Any, **kw: Any) -> H.Window:
         self.start()
         saved = sys.getswitchinterval()
         if self.switch_interval is not None:
@@ -585,6 +613,11 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("default + GPU HSV/flip (fused kernel)", lambda: gpu_aug().loader,
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "pipeline_opt.transforms.fused (one Triton kernel)"}),
+        ProbedCandidate("default + GPU HSV/flip (fused), 1 intra-op thread", lambda: clone_loader(gpu_aug().loader),
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
+                        intra_op_threads=1,
+                        meta={**gpu_meta, "intra_op_threads": 1,
+                              "what": "torch.set_num_threads(1) in the training process during its windows"}),
         ProbedCandidate("default + GPU HSV/flip, torch ops", lambda: clone_loader(gpu_aug().loader),
                         lambda b: bench.stepper(H.EnvDuring(gpu_aug().step_fn, "PIPELINE_OPT_FUSED", "0"))(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
@@ -668,6 +701,12 @@ def torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_
     by device time, and the known syncing operations with their counts. A diagnostic of where the
     step's time goes, not a throughput (tracing slows the host by ~20%). With ``stacks`` the top
     host operations are also listed by their Python call site (``top_cpu_by_stack``)."""
+    with cand.threads():
+        return _torch_profile(cand, device, steps, warm_steps, top, stacks)
+
+
+def _torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm_steps: int, top: int,
+                   stacks: bool) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -197,6 +197,21 @@ def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     assert not _on_device(SimpleNamespace(device_type=DeviceType.CPU)) and not _on_device(SimpleNamespace())
 
 
+def test_yolo_gap_intra_op_threads_are_set_for_the_block_and_restored():
+    from benchmarks.bench_yolo_gap import _IntraOpThreads
+
+    before = torch.get_num_threads()
+    with _IntraOpThreads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with _IntraOpThreads(1):
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with _IntraOpThreads(None):  # no row setting: untouched
+        assert torch.get_num_threads() == before
+
+
 # --------------------------------------------------------------------------------------------------
 # the scripts, end to end on the CPU
 
@@ -320,7 +335,9 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert names[2].startswith("limit + 1 CPU-busy")
     assert {"cache=ram", "cache=ram + GPU HSV/flip", "default, GIL switch 0.2 ms", "default, pin_memory=False",
             "default + GPU HSV/flip (fused kernel)", "default + GPU HSV/flip, torch ops",
-            "2 workers + GPU HSV/flip (fused kernel)"} <= set(names)
+            "2 workers + GPU HSV/flip (fused kernel)", "default + GPU HSV/flip (fused), 1 intra-op thread"} <= set(names)
+    one = next(r for r in res["rows"] if r["name"].endswith("1 intra-op thread"))
+    assert one["throughput"] > 0 and one["meta"]["intra_op_threads"] == 1
     busy = res["summary"]["busy cores"]
     assert busy["limit + 1 dataset processes"] > busy[names[0]] + 0.3, busy
     drained = next(r for r in res["rows"] if r["name"].startswith("ring + loader drained"))

@@ -128,6 +128,28 @@ def test_nothing_wins_returns_the_baseline():
     assert not any(t.accepted for t in out.trials[1:] if t.config != LoaderConfig(2).to_dict())
 
 
+def test_a_tie_with_fewer_workers_replaces_a_tuned_incumbent():
+    # a plateau from 4 workers on: the tuner's first guess (8) wins clearly over the baseline, then
+    # 4 workers measure the same and win the tie; 5 (more than 4) and 3, 2 (slower) do not
+    s, ev = _search(lambda cfg: 600.0 if cfg.num_workers >= 4 else 150.0 * max(cfg.num_workers, 1 / 3))
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(8), "guess")
+    s.tune_workers()
+    out = s.outcome()
+    assert out.best == LoaderConfig(4)
+    tie = next(t for t in out.trials if t.config["num_workers"] == 4)
+    assert tie.accepted and "fewer workers (4 < 8)" in tie.reason and "within the threshold" in tie.reason
+    assert not next(t for t in out.trials if t.config["num_workers"] == 5).accepted
+
+
+def test_a_slower_candidate_with_fewer_workers_does_not_win_the_tie():
+    s, _ = _search(lambda cfg: {0: 50.0, 8: 600.0}.get(cfg.num_workers, 590.0))  # fewer workers: -1.7%, in the noise
+    s.start(LoaderConfig(0))
+    s.calibrate(LoaderConfig(8), "guess")
+    s.tune_workers()
+    assert s.outcome().best == LoaderConfig(8)
+
+
 def test_noise_from_interleaved_repeats_blocks_a_small_gain():
     # baseline repeats differ by ~20%: a real +10% gain is within that noise and is rejected
     s, _ = _search(lambda cfg: 110.0 if cfg.num_workers == 4 else 100.0, jitter=[0.0, 0.0, 0.2, 0.0])
