@@ -216,7 +216,8 @@ def test_yolo_gap_intra_op_threads_are_set_for_the_block_and_restored():
 # the scripts, end to end on the CPU
 
 
-NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap")
+NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap",
+         "bench_yolo_decide")
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,8 @@ def results(tmp_path_factory):
     for name in NAMES:
         # bench_yolo runs its restricted-cores part as `--cores 1` directly (the child mode), which
         # exercises the same code as the child process at half the cost
-        extra = {"bench_yolo": ["--cores", "1"], "bench_yolo_gap": ["--torch-profile", "2", "--profile-stacks"]}.get(name, [])
+        extra = {"bench_yolo": ["--cores", "1"], "bench_yolo_gap": ["--torch-profile", "2", "--profile-stacks"],
+                 "bench_yolo_decide": ["--steps", "2,3", "--repeats", "1"]}.get(name, [])
         proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--device", "cpu",
                                "--out", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=300)
@@ -328,6 +330,18 @@ def test_summary_table_and_ledger(results, tmp_path):
 
 
 @pytest.mark.slow
+def test_yolo_decide_rows_and_decisions(results):
+    res = results["bench_yolo_decide"]
+    assert [r["name"] for r in res["rows"]] == ["CPU HSV/flip, windows of 2 steps", "GPU HSV/flip, windows of 2 steps",
+                                                "CPU HSV/flip, windows of 3 steps", "GPU HSV/flip, windows of 3 steps"]
+    decisions = res["summary"]["decisions"]
+    assert [d["steps"] for d in decisions] == [2, 3]
+    for d, rows in zip(decisions, (res["rows"][:2], res["rows"][2:])):
+        assert d["order"] == ["cpu", "gpu", "cpu", "gpu"] and d["wall_s"] > 0 and d["verdict"]
+        assert rows[0]["stats"]["n"] == len(d["cpu_windows"]) > 0 and rows[1]["stats"]["n"] == len(d["gpu_windows"]) > 0
+    assert res["summary"]["kept"] == {str(s): [sum(d["applied"] for d in decisions if d["steps"] == s), 1] for s in (2, 3)}
+
+
 def test_yolo_gap_rows_and_cpu_load(results):
     res = results["bench_yolo_gap"]
     names = [r["name"] for r in res["rows"]]
