@@ -276,6 +276,23 @@ def _check_deadline(deadline: float | None, results: list[float]) -> None:
         raise TrialFailed("budget", "the time budget ran out before the first measured window")
 
 
+def first_batch(loader: Any) -> Any:
+    """The first batch of ``loader``, its workers (if any) shut down afterwards; a failing loader
+    raises :class:`TrialFailed` as in a trial."""
+    stream = BatchStream(loader)
+    try:
+        return _next(stream)
+    finally:
+        stream.close()
+
+
+def step_once(step_fn: Callable, model: torch.nn.Module, batch: Any, device: torch.device) -> None:
+    """One device-synchronised step of ``step_fn`` on ``batch`` (moved to a CUDA device first), its
+    errors classified as in a trial (:class:`TrialFailed`)."""
+    _step(step_fn, model, batch, device)
+    synchronize(device)
+
+
 def _next(stream: BatchStream) -> Any:
     try:
         return next(stream)

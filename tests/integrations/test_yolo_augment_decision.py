@@ -122,9 +122,57 @@ def test_real_measurement_leaves_a_consistent_pipeline(pipe):
     before = {n: p.detach().clone() for n, p in pipe.model.named_parameters()}
     decision = decide_yolo_augment(pipe, rounds=1, windows=1, steps=1, warmup=0)
     assert decision.order == ("cpu", "gpu") and decision.cpu_throughput > 0 and decision.gpu_throughput > 0
+    assert decision.warmup_s > 0  # the real measurement warms both sides up first
     assert pipe.gpu_augment_active == decision.applied
     assert active_cpu_stages(pipe.dataset) == ([] if decision.applied else CPU_STAGES)
     assert all((before[n] == p).all() for n, p in pipe.model.named_parameters())  # the model is restored
+
+
+def _record_warm_up(monkeypatch, calls, fail_gpu=False):
+    import pipeline_opt.tune.measure as measure
+
+    real = measure.step_once
+
+    def step_once(step_fn, model, batch, device):
+        gpu = step_fn.augment is not None
+        calls.append(("warm-up", gpu))
+        if gpu and fail_gpu:
+            raise TrialFailed("step", "step_fn raised RuntimeError: CUDA error: out of memory")
+        real(step_fn, model, batch, device)
+
+    monkeypatch.setattr(measure, "step_once", step_once)
+
+
+def test_warm_up_steps_both_sides_before_the_first_trial(pipe, monkeypatch):
+    calls = []
+    _record_warm_up(monkeypatch, calls)
+    fake = FakeMeasure(cpu=100.0, gpu=150.0, dataset=pipe.dataset)
+    measure = lambda *a, **kw: (calls.append(("trial", a[2].augment is not None)), fake(*a, **kw))[1]  # noqa: E731
+    before = {n: p.detach().clone() for n, p in pipe.model.named_parameters()}
+    decision = decide_yolo_augment(pipe, measure=measure, warm_up=True)
+    assert calls == [("warm-up", False), ("warm-up", True), ("trial", False), ("trial", True), ("trial", False),
+                     ("trial", True)]
+    assert decision.applied and decision.warmup_s > 0 and decision.to_dict()["warmup_s"] == decision.warmup_s
+    assert all((before[n] == p).all() for n, p in pipe.model.named_parameters())  # warm-up steps undone too
+    assert [stages for _, stages in fake.seen] == [CPU_STAGES, [], CPU_STAGES, []]
+
+
+def test_injected_measurements_skip_the_warm_up_unless_asked(pipe, monkeypatch):
+    calls = []
+    _record_warm_up(monkeypatch, calls)
+    decision = decide_yolo_augment(pipe, measure=FakeMeasure(cpu=100.0, gpu=150.0, dataset=pipe.dataset))
+    assert calls == [] and decision.warmup_s == 0.0
+
+
+def test_a_failing_gpu_warm_up_keeps_the_cpu_stages(pipe, monkeypatch):
+    calls = []
+    _record_warm_up(monkeypatch, calls, fail_gpu=True)
+    fake = FakeMeasure(cpu=100.0, gpu=150.0, dataset=pipe.dataset)
+    decision = decide_yolo_augment(pipe, measure=fake, warm_up=True)
+    assert calls == [("warm-up", False), ("warm-up", True)] and fake.seen == []
+    assert not decision.applied and "the gpu warm-up step failed (step)" in decision.verdict
+    assert "out of memory" in decision.verdict
+    assert active_cpu_stages(pipe.dataset) == CPU_STAGES and not pipe.gpu_augment_active
 
 
 def test_tune_yolo_decides_first_and_records_the_decision(pipe, monkeypatch):
