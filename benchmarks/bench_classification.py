@@ -386,10 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid-points", type=int, default=None,
                         help="measure only the first N grid points (likely-fast first), for a short re-run")
     args = parser.parse_args(argv)
-    H.setup(args)
-    path = run(args)
-    print(f"wrote {path}")
-    return 0
+    return H.main_of(args, run)
 
 
 if __name__ == "__main__":

@@ -368,10 +368,7 @@ def _pipeline_sample_s(rows: list[H.Row]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = H.common_parser(__doc__.splitlines()[0]).parse_args(argv)
-    H.setup(args)
-    path = run(args)
-    print(f"wrote {path}")
-    return 0
+    return H.main_of(args, run)
 
 
 if __name__ == "__main__":

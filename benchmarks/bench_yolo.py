@@ -318,10 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=None, help="run restricted to this many cores (child mode)")
     p.add_argument("--no-restricted", action="store_true", help="skip the 8-core part")
     args = p.parse_args(argv)
-    H.setup(args)
-    path = run(args)
-    print(f"wrote {path}")
-    return 0
+    return H.main_of(args, run)
 
 
 if __name__ == "__main__":

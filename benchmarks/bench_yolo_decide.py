@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit(f"--repeats {args.repeats} must be >= 1")
-    H.setup(args)
-    path = run(args)
-    print(f"wrote {path}")
-    return 0
+    return H.main_of(args, run)
 
 
 if __name__ == "__main__":

@@ -742,6 +742,28 @@ def _torch_profile(cand: ProbedCandidate, device: torch.device, steps: int, warm
     }
 
 
+def trace_rows(cands: list[ProbedCandidate], device: torch.device, steps: int, stacks: bool, budget_s: float,
+               into: dict[str, Any], on_row: Any = None) -> dict[str, Any]:
+    """:func:`torch_profile` of each row into ``into[name]``, each row's source closed after its
+    trace; rows not started within ``budget_s`` are skipped (said in their entry), a failing row is
+    recorded with its error, and ``on_row()`` runs after each row (the script rewrites its JSON, so
+    a run cut short keeps the rows traced so far)."""
+    until = H.Deadline(budget_s)
+    for c in cands:
+        try:
+            if until.expired():
+                into[c.name] = {"skipped": f"the {budget_s:.0f} s tracing budget ran out"}
+                continue
+            into[c.name] = torch_profile(c, device, steps, stacks=stacks)
+        except Exception as exc:  # a diagnostic: one failing row must not lose the measured ones
+            into[c.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            c.close()
+        if on_row is not None:
+            on_row()
+    return into
+
+
 def select(cands: list[ProbedCandidate], rows: str | None) -> list[ProbedCandidate]:
     """The limit row and the rows whose names start with one of the comma-separated ``rows``
     (``_`` stands for a space, so that a prefix can be passed through a shell variable unquoted;
@@ -797,14 +819,6 @@ def run(args: Any) -> Path:
                             min_seconds=y.min_seconds, max_seconds=y.max_seconds, close=not args.torch_profile)
     for c in cands:
         c.meta.update(c.probe_meta())
-    profiled = {}
-    for c in cands if args.torch_profile else []:
-        try:
-            profiled[c.name] = torch_profile(c, device, args.torch_profile, stacks=args.profile_stacks)
-        except Exception as exc:  # a diagnostic: one failing row must not lose the measured ones
-            profiled[c.name] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            c.close()
     rows = H.rows_of(cands, measured)
     limit = rows[0]
     rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
@@ -815,11 +829,19 @@ def run(args: Any) -> Path:
                "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
                "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
                "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name)),
-               **({"timecourse": course} if course is not None else {}),
-               **({"torch_profile": profiled} if profiled else {})}
-    path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
-                          started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
-                                                   "ddp": False, "amp": bench.amp})
+               **({"timecourse": course} if course is not None else {})}
+
+    def write() -> Path:
+        return H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
+                              started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
+                                                       "ddp": False, "amp": bench.amp})
+
+    path = write()  # the measured rows are kept even if the tracing below is cut short
+    if args.torch_profile:
+        summary["torch_profile"] = {}
+        trace_rows(cands, device, args.torch_profile, args.profile_stacks, args.profile_budget_s,
+                   summary["torch_profile"], on_row=write)
+        path = write()
     print(H.format_table(rows, title=f"{NAME} ({device})"))
     return path
 
@@ -829,6 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=None, help="comma-separated row-name prefixes to measure (the limit always)")
     p.add_argument("--torch-profile", type=int, default=0, metavar="STEPS",
                    help="after the windows, trace STEPS steps of every row with torch.profiler (summary.torch_profile)")
+    p.add_argument("--profile-budget-s", type=float, default=150.0,
+                   help="with --torch-profile: rows not started within this many seconds are skipped (default 150)")
     p.add_argument("--profile-stacks", action="store_true",
                    help="with --torch-profile: also the top host operations by Python call site")
     p.add_argument("--sample", action="store_true", help="sample every thread's Python frame every 2 ms per window")
@@ -837,10 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timecourse-s", type=float, default=None,
                    help="first train this long on a fresh default loader, throughput per 2 s (default 0: off)")
     args = p.parse_args(argv)
-    H.setup(args)
-    path = run(args)
-    print(f"wrote {path}")
-    return 0
+    return H.main_of(args, run)
 
 
 if __name__ == "__main__":

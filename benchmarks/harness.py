@@ -182,6 +182,14 @@ def setup(args: argparse.Namespace) -> None:
     setup_logging(args.verbose)
 
 
+def main_of(args: argparse.Namespace, run: Callable[[argparse.Namespace], Path]) -> int:
+    """A script's ``main`` after parsing: :func:`setup`, ``run(args)``, then the path it wrote."""
+    setup(args)
+    path = run(args)
+    print(f"wrote {path}")
+    return 0
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)

@@ -197,6 +197,28 @@ def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     assert not _on_device(SimpleNamespace(device_type=DeviceType.CPU)) and not _on_device(SimpleNamespace())
 
 
+def test_yolo_gap_tracing_keeps_going_past_a_failing_row_and_stops_at_its_budget(monkeypatch):
+    from types import SimpleNamespace
+
+    import benchmarks.bench_yolo_gap as gap
+
+    closed, written = [], []
+
+    def fake_profile(cand, device, steps, stacks=False):
+        if cand.name == "bad":
+            raise RuntimeError("boom")
+        return {"steps": steps}
+
+    monkeypatch.setattr(gap, "torch_profile", fake_profile)
+    cands = [SimpleNamespace(name=n, close=lambda n=n: closed.append(n)) for n in ("a", "bad", "c")]
+    out = gap.trace_rows(cands, torch.device("cpu"), 3, False, 60.0, {}, on_row=lambda: written.append(1))
+    assert out == {"a": {"steps": 3}, "bad": {"error": "RuntimeError: boom"}, "c": {"steps": 3}}
+    assert closed == ["a", "bad", "c"] and len(written) == 3
+    closed.clear()
+    out = gap.trace_rows(cands, torch.device("cpu"), 3, False, 0.0, {})  # no time: every row skipped, all closed
+    assert all("tracing budget ran out" in v["skipped"] for v in out.values()) and closed == ["a", "bad", "c"]
+
+
 def test_yolo_gap_intra_op_threads_are_set_for_the_block_and_restored():
     from benchmarks.bench_yolo_gap import _IntraOpThreads
 
@@ -231,7 +253,8 @@ def results(tmp_path_factory):
     for name in NAMES:
         # bench_yolo runs its restricted-cores part as `--cores 1` directly (the child mode), which
         # exercises the same code as the child process at half the cost
-        extra = {"bench_yolo": ["--cores", "1"], "bench_yolo_gap": ["--torch-profile", "2", "--profile-stacks"],
+        extra = {"bench_yolo": ["--cores", "1"], "bench_yolo_gap": ["--torch-profile", "2", "--profile-stacks",
+                                                                   "--profile-budget-s", "900"],
                  "bench_yolo_decide": ["--steps", "2,3", "--repeats", "1"]}.get(name, [])
         proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--device", "cpu",
                                "--out", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
