@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install the carried wheels, then run the named steps.
 #   benchmarks/device_call.sh cuda-tests classification       (the first call)
-#   benchmarks/device_call.sh yolo transforms overhead        (the second call)
+#   benchmarks/device_call.sh yolo                            (the second call; transforms overhead: the third)
 # carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
 # Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
 set -u

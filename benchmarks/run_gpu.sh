@@ -3,9 +3,10 @@
 # benchmark is logged and the others still run. Results: one JSON per benchmark in $OUT (default
 # benchmarks/results/<date>-<commit>), logs in $OUT/logs, results.md (tables) and ledger.jsonl.
 #
-#   benchmarks/run_gpu.sh                          # all four (about 14 minutes: split it, see README)
+#   benchmarks/run_gpu.sh                          # all four (about 22 minutes: split it, see README)
 #   benchmarks/run_gpu.sh classification           # about 7 minutes
-#   benchmarks/run_gpu.sh yolo transforms overhead # about 7 minutes
+#   benchmarks/run_gpu.sh yolo                     # about 7-8 minutes
+#   benchmarks/run_gpu.sh transforms overhead      # about 7 minutes
 #
 # Environment: OUT, PYTHON (python3), PO_BENCH_TOTAL_S (wall guard for this call, default 575 s),
 # PO_BENCH_ARGS (extra arguments for every script, e.g. "--rounds 2"), PO_BENCH_ARGS_<name> (one
