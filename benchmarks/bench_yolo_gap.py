@@ -819,29 +819,34 @@ def run(args: Any) -> Path:
                             min_seconds=y.min_seconds, max_seconds=y.max_seconds, close=not args.torch_profile)
     for c in cands:
         c.meta.update(c.probe_meta())
-    rows = H.rows_of(cands, measured)
-    limit = rows[0]
-    rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
-    by = {r.name: r for r in rows}
     default_name = f"default (ultralytics, workers={y.default_workers})"
-    summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(),
-               "vs limit": {r.name: H.ratio(r, limit) for r in rows[1:]},
-               "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
-               "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"] for c in cands},
-               "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name)),
-               **({"timecourse": course} if course is not None else {})}
+    summary: dict[str, Any] = {}
 
-    def write() -> Path:
-        return H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
+    def write() -> tuple[Path, list[H.Row]]:
+        """The rows and summary from the rows' current meta (a row's source adds to it when it is
+        closed, e.g. the shared slots' counts, after its trace with --torch-profile), written out."""
+        rows = H.rows_of(cands, measured)
+        limit = rows[0]
+        rows = [r.with_extra(efficiency=H.ratio(r, limit)) for r in rows]
+        by = {r.name: r for r in rows}
+        summary.update({"dataset_generation_s": gen_s, "cores": H.usable_cores(),
+                        "vs limit": {r.name: H.ratio(r, limit) for r in rows[1:]},
+                        "busy cores": {c.name: c.meta["busy_cores_median"] for c in cands},
+                        "train thread CPU s/step": {c.name: c.meta["train_thread_cpu_s_per_step_median"]
+                                                    for c in cands},
+                        "cache=ram vs default": H.ratio(by.get("cache=ram"), by.get(default_name)),
+                        **({"timecourse": course} if course is not None else {})})
+        path = H.write_result(args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary,
                               started=started, ledger={"model": "yolo11n", "batch": y.batch, "resolution": y.imgsz,
                                                        "ddp": False, "amp": bench.amp})
+        return path, rows
 
-    path = write()  # the measured rows are kept even if the tracing below is cut short
+    path, rows = write()  # the measured rows are kept even if the tracing below is cut short
     if args.torch_profile:
         summary["torch_profile"] = {}
         trace_rows(cands, device, args.torch_profile, args.profile_stacks, args.profile_budget_s,
                    summary["torch_profile"], on_row=write)
-        path = write()
+        path, rows = write()
     print(H.format_table(rows, title=f"{NAME} ({device})"))
     return path
 
