@@ -84,16 +84,15 @@ def run(args: Any) -> Path:
                                        seed=args.seed)
                 decisions.append({"steps": s, "repeat": r, "wall_s": round(time.perf_counter() - t0, 2),
                                   **d.to_dict()})
-                kept = sum(x["applied"] for x in decisions if x["steps"] == s)
-                tried = sum(x["steps"] == s for x in decisions)
+                kept = {str(k): [sum(x["applied"] for x in decisions if x["steps"] == k),
+                                 sum(x["steps"] == k for x in decisions)] for k in steps}  # kept, decided
                 summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(), "decisions": decisions,
-                           "kept": {str(k): [sum(x["applied"] for x in decisions if x["steps"] == k),
-                                             sum(x["steps"] == k for x in decisions)] for k in steps}}
+                           "kept": kept}
                 path = H.write_result(args.out, NAME, rows_of(decisions, steps), config=config, summary=summary,
                                       started=started, ledger={"model": "yolo11n", "batch": sizes.batch,
                                                                "resolution": sizes.imgsz, "ddp": False,
                                                                "amp": bench.amp})
-                print(f"steps={s} repeat {r}: {'kept' if d.applied else 'not used'} ({kept}/{tried}), "
+                print(f"steps={s} repeat {r}: {'kept' if d.applied else 'not used'} ({kept[str(s)][0]}/{kept[str(s)][1]}), "
                       f"gain {d.gain:+.1%}, noise ±{d.noise:.1%}, {decisions[-1]['wall_s']} s", flush=True)
     finally:
         pipe.close()

@@ -186,9 +186,7 @@ def decide_gpu_augment(
                         runs[side].append(measure(trial_loader, model, step_fn, device, windows=windows,
                                                   steps=steps, warmup=warmup, deadline=deadline, seed=seed))
                     finally:
-                        close = getattr(trial_loader, "close", None)
-                        if callable(close):
-                            close()
+                        _close(trial_loader)
                     order.append(side)
                 if time.monotonic() > deadline:
                     break
@@ -211,9 +209,14 @@ def _warm_up_step(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.
         batch = _measure.first_batch(warm)
         _measure.step_once(step_fn, model, batch, device)
     finally:
-        close = getattr(warm, "close", None)
-        if callable(close):
-            close()
+        _close(warm)
+
+
+def _close(loader: Any) -> None:
+    """Shut a trial's loader clone down, where it has a ``close`` (shared-slot loaders do)."""
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
 
 
 def _verdict(runs: dict[str, list[Measurement]], order: list[str], failure: str, min_gain: float,
