@@ -48,6 +48,11 @@ and the training thread's own CPU seconds per step:
     loader alone: ...           the loader drained with no training step (each batch's images
                                 only copied to the device): how fast the loader delivers when
                                 nothing else runs, at the default and the larger worker count
+    ... GPU HSV/flip, workers nice 10     the GPU-augmenting default with its workers at nice 10:
+                                the training process's threads win every contested core
+    ... GPU HSV/flip, workers off N cores  the same with the workers' CPU affinity excluding the
+                                first N usable cores and their SMT siblings: the training
+                                process's threads get cores that no worker shares
 
 Every window also records the CPU seconds (user, system) and page faults of all the worker
 processes (children of this process) per batch, so a window whose workers did more work per
@@ -77,6 +82,7 @@ spend their wall time.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import threading
@@ -109,11 +115,13 @@ class Sizes:
     warmup_s: float = 8.0  # untimed steps once per row before its first window (fresh loaders warm up)
     more_workers: int = 12  # the worker count of the "12 workers" and "loader alone" rows
     timecourse_s: float = 0.0  # seconds of the fresh-loader time course (0: none)
+    reserved_cores: int = 2  # "workers off N cores": cores (with SMT siblings) no worker may use
 
 
 QUICK = Sizes(yolo=YoloSizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, rounds=2,
                              budget_s=40.0, min_steps=2, min_seconds=0.0, max_seconds=1.0),
-              busy_procs=1, busy_image=64, ring_batches=3, warmup_s=0.5, more_workers=2, timecourse_s=1.0)
+              busy_procs=1, busy_image=64, ring_batches=3, warmup_s=0.5, more_workers=2, timecourse_s=1.0,
+              reserved_cores=1)
 
 
 def _busy(stop: Any, size: int) -> None:
@@ -566,6 +574,52 @@ def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
         tmp.set_sharing_strategy(saved)
 
 
+def smt_siblings(core: int) -> set[int]:
+    """The logical cores that share ``core``'s physical core (itself included), from sysfs."""
+    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return {core}
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out or {core}
+
+
+def worker_cores(reserved: int) -> tuple[list[int], list[int]]:
+    """(reserved, for the workers): the first ``reserved`` usable cores with their SMT siblings,
+    and the usable cores left for the workers (all of them when nothing would be left)."""
+    usable = sorted(os.sched_getaffinity(0))
+    keep: set[int] = set()
+    for core in usable[:reserved]:
+        keep |= smt_siblings(core)
+    rest = [c for c in usable if c not in keep]
+    return sorted(keep & set(usable)), rest or usable
+
+
+class WorkerPlacement:
+    """A ``worker_init_fn`` that lowers each worker's priority and/or sets its CPU affinity, then
+    calls the loader's own ``worker_init_fn``."""
+
+    def __init__(self, inner: Any, nice: int = 0, cores: list[int] | None = None) -> None:
+        self.inner, self.nice, self.cores = inner, nice, cores
+
+    def __call__(self, worker_id: int) -> None:
+        if self.nice:
+            os.nice(self.nice)
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def placed(loader: Any, nice: int = 0, cores: list[int] | None = None) -> Any:
+    """A clone of ``loader`` whose workers start through :class:`WorkerPlacement`."""
+    return clone_loader(loader, worker_init_fn=WorkerPlacement(loader.worker_init_fn, nice=nice, cores=cores))
+
+
 def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     batches = _pinned_batches(bench, sizes.ring_batches)
     batch = batches[0]
@@ -588,6 +642,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_aug = _Lazy(lambda: build(gpu_augment="force"))
     gpu_aug_more = _Lazy(lambda: build(gpu_augment="force", workers=more))
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
+    placement = worker_cores(sizes.reserved_cores)
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
@@ -621,6 +676,13 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("default + GPU HSV/flip, torch ops", lambda: clone_loader(gpu_aug().loader),
                         lambda b: bench.stepper(H.EnvDuring(gpu_aug().step_fn, "PIPELINE_OPT_FUSED", "0"))(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
+        ProbedCandidate("default + GPU HSV/flip (fused), workers nice 10", lambda: placed(gpu_aug().loader, nice=10),
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={**gpu_meta, "worker_nice": 10}),
+        ProbedCandidate(f"default + GPU HSV/flip (fused), workers off {sizes.reserved_cores} cores",
+                        lambda: placed(gpu_aug().loader, cores=placement[1]),
+                        lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={**gpu_meta, "reserved_cores": placement[0], "worker_cores": placement[1]}),
         ProbedCandidate(f"{more} workers + GPU HSV/flip (fused kernel)", lambda: gpu_aug_more().loader,
                         lambda b: bench.stepper(gpu_aug_more().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "workers": more}),

@@ -111,6 +111,20 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _threads_per_core(core: int) -> int | None:
+    """Logical cores sharing ``core``'s physical core (SMT), from sysfs; None where it is not there."""
+    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    try:
+        parts = path.read_text().strip().split(",")
+    except OSError:
+        return None
+    n = 0
+    for part in parts:
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
 def environment() -> dict[str, Any]:
     """Hardware, library versions, git commit and date, for the JSON of every benchmark."""
     try:
@@ -137,6 +151,7 @@ def environment() -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
             "affinity": affinity,
             "usable_cores": len(affinity),
+            "threads_per_core": _threads_per_core(affinity[0] if affinity else 0),
             "memory_bytes": mem,
         },
         "versions": {

@@ -27,6 +27,7 @@ from pipeline_opt._step import ModelStateGuard
 from pipeline_opt.integrations._yolo_augment import DisabledStages, disable_cpu_augment, restore_cpu_augment
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
+from pipeline_opt.tune import timing
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.search import MIN_GAIN, accept, repeat_noise
 
@@ -97,6 +98,7 @@ class AugmentDecision:
     order: tuple[str, ...] = ()  # the trials as run, e.g. ("cpu", "gpu", "cpu", "gpu")
     forced: bool = False
     warmup_s: float = 0.0  # the untimed warm-up steps before the first trial (see decide_gpu_augment)
+    window_steps: int = 0  # steps per timed window: ``steps`` rounded up to whole rounds of the workers
 
     @property
     def gain(self) -> float:
@@ -153,6 +155,9 @@ def decide_gpu_augment(
     Each trial runs on a fresh clone of ``loader`` (its workers fork the dataset in the state being
     measured) with the same ``seed``; the model is restored bitwise afterwards. ``rounds`` pairs are
     measured (fewer when ``time_budget_s`` runs out; with no complete pair the CPU stages stay).
+    Each window holds ``steps`` rounded up to whole rounds of the loader's workers
+    (:func:`pipeline_opt.tune.timing.whole_rounds`; ``AugmentDecision.window_steps``): windows that
+    cut a round of the workers' bursts of batches read up to 2x apart.
     The switch is left in the winning state. ``measure`` replaces
     :func:`~pipeline_opt.tune.measure.measure_throughput` (tests inject numbers through it);
     ``warm_up`` (default: only with the real measurement) runs the untimed warm-up steps.
@@ -165,6 +170,7 @@ def decide_gpu_augment(
         raise ValueError(f"time_budget_s={time_budget_s!r} must be a positive number of seconds")
     warm_up = measure is None if warm_up is None else bool(warm_up)
     measure = measure or _measure.measure_throughput
+    window_steps = timing.whole_rounds(steps, _workers_of(loader))
     deadline = time.monotonic() + float(time_budget_s)
     runs: dict[str, list[Measurement]] = {"cpu": [], "gpu": []}
     order: list[str] = []
@@ -184,7 +190,8 @@ def decide_gpu_augment(
                     trial_loader = clone_loader(loader)
                     try:
                         runs[side].append(measure(trial_loader, model, step_fn, device, windows=windows,
-                                                  steps=steps, warmup=warmup, deadline=deadline, seed=seed))
+                                                  steps=window_steps, warmup=warmup, deadline=deadline,
+                                                  seed=seed))
                     finally:
                         _close(trial_loader)
                     order.append(side)
@@ -193,10 +200,21 @@ def decide_gpu_augment(
         except TrialFailed as exc:
             gpu_broke = side == "gpu" and exc.kind != "budget"
             failure = f"the {side} {phase} failed ({exc.kind}): {exc}"
-    decision = replace(_verdict(runs, order, failure, min_gain, gpu_broke), warmup_s=round(warm_s, 3))
+    decision = replace(_verdict(runs, order, failure, min_gain, gpu_broke), warmup_s=round(warm_s, 3),
+                       window_steps=window_steps)
     switch.set(decision.applied)
     log.info("pipeline_opt: GPU augmentation %s: %s", "kept" if decision.applied else "not used", decision.verdict)
     return decision
+
+
+def _workers_of(loader: Any) -> int:
+    """``num_workers`` of the DataLoader under ``loader`` (a wrapper exposes it as ``.loader``)."""
+    for _ in range(4):
+        workers = getattr(loader, "num_workers", None)
+        if isinstance(workers, int):
+            return workers
+        loader = getattr(loader, "loader", None)
+    return 0
 
 
 def _warm_up_step(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any],

@@ -100,6 +100,28 @@ def test_gpu_augment_within_the_threshold_is_not_applied(pipe, gpu, wobble, why)
     assert active_cpu_stages(pipe.dataset) == CPU_STAGES and pipe.step_fn.augment is None
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers, steps, expected", [(0, 10, 10), (1, 10, 10), (3, 10, 12), (8, 10, 16),
+                                                     (8, 16, 16), (12, 10, 12)])
+def test_windows_hold_whole_rounds_of_the_workers(pipe, workers, steps, expected):
+    """10-step windows over 8 workers hold one burst of batches or two: the decision rounds them up."""
+    from pipeline_opt.integrations._yolo_decide import decide_gpu_augment
+    from pipeline_opt.loader_clone import clone_loader
+
+    loader = clone_loader(pipe.loader, num_workers=workers)  # never iterated: the measurement is injected
+    asked: list[int] = []
+    fake = FakeMeasure(cpu=100.0, gpu=90.0, dataset=pipe.dataset)
+
+    def measure(*args, steps, **kw):
+        asked.append(steps)
+        return fake(*args, steps=steps, **kw)
+
+    decision = decide_gpu_augment(loader, pipe.model, pipe.step_fn, pipe.device, pipe.switch, measure=measure,
+                                  steps=steps)
+    assert asked == [expected] * 4 and decision.window_steps == expected
+    assert decision.to_dict()["window_steps"] == expected
+
+
 def test_a_failing_gpu_trial_keeps_the_cpu_stages(pipe):
     decision = decide_yolo_augment(pipe, measure=FakeMeasure(cpu=100.0, gpu=500.0, dataset=pipe.dataset,
                                                              fail_gpu=True))

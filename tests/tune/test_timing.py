@@ -98,3 +98,14 @@ def test_runner_predicts_a_worker_increase_from_the_baseline():
     assert runner.predict_step_s(LoaderConfig(12, decode="draft"), 0.6) == pytest.approx(0.2, rel=0.01)
     slow_guess = timing.trial_seconds(0.6, 12, windows=3, steps=12, warmup=2, first_batch_s=7.2)
     assert runner.estimate_s(LoaderConfig(12), 0.6) < slow_guess / 2
+
+
+@pytest.mark.parametrize("steps, workers, expected", [(10, 0, 10), (10, 1, 10), (10, 8, 16), (16, 8, 16),
+                                                     (1, 8, 8), (10, 12, 12), (25, 12, 36)])
+def test_whole_rounds_rounds_up_to_a_multiple_of_the_workers(steps, workers, expected):
+    assert timing.whole_rounds(steps, workers) == expected
+
+
+def test_whole_rounds_rejects_an_empty_window():
+    with pytest.raises(ValueError, match="steps=0"):
+        timing.whole_rounds(0, 4)
