@@ -48,6 +48,8 @@ and the training thread's own CPU seconds per step:
     loader alone: ...           the loader drained with no training step (each batch's images
                                 only copied to the device): how fast the loader delivers when
                                 nothing else runs, at the default and the larger worker count
+    ... GPU HSV/flip, shared slots  the GPU-augmenting default through shared slots: once the
+                                workers keep up, whether receiving batches still slows the step
     ... GPU HSV/flip, workers nice 10     the GPU-augmenting default with its workers at nice 10:
                                 the training process's threads win every contested core
     ... GPU HSV/flip, workers off N cores  the same with the workers' CPU affinity excluding the
@@ -433,12 +435,14 @@ class SlotsRow:
     """The default loader's settings through shared slots, built once; its slot counts, the workers'
     time per batch and the receiving thread's go in the row's meta. ``page_locked=False`` leaves the
     slots pageable (a diagnostic: copies from them are then synchronous); ``workers`` overrides the
-    worker count; ``name`` replaces the row's name."""
+    worker count; ``name`` replaces the row's name; ``source()`` gives the loader to wrap (default:
+    the default loader)."""
 
     def __init__(self, bench: Bench, page_locked: bool = True, workers: int | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, source: Any = None) -> None:
         self.bench, self.loader, self.row, self.page_locked = bench, None, None, page_locked
         self.workers, self.name = workers, name
+        self.source = source or (lambda: bench.base.loader)
 
     def candidate(self, step: Any) -> ProbedCandidate:
         name = self.name or "default, shared slots" + ("" if self.page_locked else ", not page-locked")
@@ -453,7 +457,7 @@ class SlotsRow:
             from pipeline_opt.shared_slots import slot_loader
             from pipeline_opt.transforms import DeviceLoader
 
-            source = self.bench.base.loader
+            source = self.source()
             if self.workers is not None:
                 source = slot_loader(source, num_workers=self.workers)
             self.loader = DeviceLoader(source, device=self.bench.device, reuse_buffers=True)
@@ -643,6 +647,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_aug_more = _Lazy(lambda: build(gpu_augment="force", workers=more))
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     placement = worker_cores(sizes.reserved_cores)
+    gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots", source=lambda: gpu_aug().loader)
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
@@ -676,6 +681,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("default + GPU HSV/flip, torch ops", lambda: clone_loader(gpu_aug().loader),
                         lambda b: bench.stepper(H.EnvDuring(gpu_aug().step_fn, "PIPELINE_OPT_FUSED", "0"))(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
+        gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b)),
         ProbedCandidate("default + GPU HSV/flip (fused), workers nice 10", lambda: placed(gpu_aug().loader, nice=10),
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "worker_nice": 10}),
