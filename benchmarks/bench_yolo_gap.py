@@ -44,7 +44,8 @@ and the training thread's own CPU seconds per step:
                                 its meta has the workers' and the receiving thread's time per batch
     ... shared slots, not page-locked   the same without cudaHostRegister (a diagnostic)
     12 workers, ...             the default loader and the shared slots with more workers
-                                (``Sizes.more_workers``): whether the workers' supply is the limit
+                                (``Sizes.more_workers``): whether the workers' supply is the limit;
+                                and with the GPU HSV/flip through shared slots
     loader alone: ...           the loader drained with no training step (each batch's images
                                 only copied to the device): how fast the loader delivers when
                                 nothing else runs, at the default and the larger worker count
@@ -648,6 +649,8 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     placement = worker_cores(sizes.reserved_cores)
     gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots", source=lambda: gpu_aug().loader)
+    more_gpu_slots = SlotsRow(bench, workers=more, name=f"{more} workers + GPU HSV/flip (fused), shared slots",
+                              source=lambda: gpu_aug().loader)
     return [
         ProbedCandidate("limit (replayed pinned batch)", lambda: H.replay(batch), step, count=_count, discard=3),
         ProbedCandidate(f"replay of {len(batches)} distinct pinned batches", lambda: _ring(batches), step,
@@ -702,6 +705,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate(f"{more} workers", lambda: clone_loader(bench.base.loader, num_workers=more), step,
                         count=_count, on_close=_close_loader, meta={"workers": more}),
         more_slots.candidate(step),
+        more_gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b)),
         ProbedCandidate(f"loader alone: default (workers={y.default_workers})", lambda: clone_loader(bench.base.loader),
                         copy, count=_count, on_close=_close_loader,
                         meta={"what": "the loader drained, images copied to the device, no training step"}),
