@@ -92,9 +92,12 @@ def autotune(
             draws (restored afterwards); None leaves them running.
         min_gain: the smallest relative gain a change must show (on top of the measured noise).
         profiler: the profiler producing the baseline / best reports (default :func:`pipeline_opt.profile`).
-        shared_slots: (opt-in: within noise of the default on the H200 so far) on CUDA, with workers, try delivering the image tensors through reused,
+        shared_slots: (opt-in) on CUDA, with workers, try delivering the image tensors through reused,
             page-locked shared-memory slots (:mod:`pipeline_opt.shared_slots`) instead of a fresh
             segment per batch; ``result.loader`` is then a ``DeviceLoader`` yielding device batches.
+            Kept when they measure at least as fast as the configuration without them (a tie
+            goes to the slots: they cut the workers' system time and page faults), rolled back
+            when slower.
 
     Returns:
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as

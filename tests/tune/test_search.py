@@ -275,11 +275,46 @@ def _dataloader():
     return DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2, num_workers=4)
 
 
-def test_the_tuner_keeps_shared_slots_only_when_they_win():
+def test_the_tuner_keeps_shared_slots_when_they_win_or_tie_and_not_when_slower():
     out, ev = _flags_search(lambda c: 130.0 if c.shared_slots else 100.0)
     assert out.best.shared_slots and any(c.shared_slots for c in ev.calls)
     out, _ = _flags_search(lambda c: 101.0 if c.shared_slots else 100.0)
-    assert not out.best.shared_slots  # within the minimum gain: rolled back
+    assert out.best.shared_slots  # within the minimum gain but not slower: the tie rule keeps them
+    assert "shared-slots tie rule" in out.verdict
+    slots = next(t for t in out.trials if t.config["shared_slots"])
+    assert slots.accepted and "within the threshold" in slots.reason and "through shared slots" in slots.reason
+    out, _ = _flags_search(lambda c: 98.0 if c.shared_slots else 100.0)
+    assert not out.best.shared_slots  # slower (within the noise, but slower): rolled back
+
+
+def test_a_slots_tie_survives_the_final_check_only_while_not_slower_than_the_baseline():
+    base, slots = LoaderConfig(4), LoaderConfig(4, shared_slots=True)
+    s, _ = _search(lambda c: 102.0 if c.shared_slots else 100.0)
+    s.start(base)
+    assert s.consider(slots, "slots") and s.incumbent == slots
+    s.confirm()
+    assert s.outcome().best == slots  # +2%, under the 3% minimum: a tie, and slots win it
+
+    state = {"n": 0}
+
+    def rate(cfg):  # the slots tie once, then measure slower in the final check
+        if cfg.shared_slots:
+            state["n"] += 1
+            return 102.0 if state["n"] == 1 else 90.0
+        return 100.0
+
+    s, _ = _search(rate)
+    s.start(base)
+    assert s.consider(slots, "slots")
+    s.confirm()
+    assert s.outcome().best == base
+
+
+def test_the_slots_tie_rule_needs_slots_to_be_the_only_change():
+    s, _ = _search(lambda c: 100.0)
+    s.start(LoaderConfig(4))
+    assert not s.consider(LoaderConfig(6, shared_slots=True), "more workers and slots")  # two changes: no tie
+    assert s.incumbent == LoaderConfig(4)
 
 
 def test_shared_slots_are_not_tried_off_cuda_or_without_workers():
