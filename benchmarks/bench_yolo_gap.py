@@ -50,7 +50,10 @@ and the training thread's own CPU seconds per step:
                                 only copied to the device): how fast the loader delivers when
                                 nothing else runs, at the default and the larger worker count
     ... GPU HSV/flip, shared slots  the GPU-augmenting default through shared slots: once the
-                                workers keep up, whether receiving batches still slows the step
+                                workers keep up, whether receiving batches still slows the step;
+                                "GIL switch 0.2 ms": the same with sys.setswitchinterval(0.0002)
+                                during its windows (the slot rows wait ~7% for data with the
+                                workers ahead: is it the receiving thread's hold on the GIL?)
     ... GPU HSV/flip, workers nice 10     the GPU-augmenting default with its workers at nice 10:
                                 the training process's threads win every contested core
     ... GPU HSV/flip, workers off N cores  the same with the workers' CPU affinity excluding the
@@ -445,12 +448,14 @@ class SlotsRow:
         self.workers, self.name = workers, name
         self.source = source or (lambda: bench.base.loader)
 
-    def candidate(self, step: Any) -> ProbedCandidate:
+    def candidate(self, step: Any, switch_interval: float | None = None) -> ProbedCandidate:
         name = self.name or "default, shared slots" + ("" if self.page_locked else ", not page-locked")
-        self.row = ProbedCandidate(name, self, step, count=_count, on_close=self.close,
-                                   meta={"what": "default settings, images through reused worker buffers",
-                                         "page_locked": self.page_locked,
-                                         "workers": self.workers or self.bench.base.loader.num_workers})
+        meta = {"what": "default settings, images through reused worker buffers", "page_locked": self.page_locked,
+                "workers": self.workers or self.bench.base.loader.num_workers}
+        if switch_interval is not None:
+            meta["switch_interval_s"] = switch_interval
+        self.row = ProbedCandidate(name, self, step, count=_count, on_close=self.close, meta=meta,
+                                   switch_interval=switch_interval)
         return self.row
 
     def __call__(self) -> Any:
@@ -649,6 +654,8 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     placement = worker_cores(sizes.reserved_cores)
     gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots", source=lambda: gpu_aug().loader)
+    gil_gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots, GIL switch 0.2 ms",
+                             source=lambda: gpu_aug().loader)
     more_gpu_slots = SlotsRow(bench, workers=more, name=f"{more} workers + GPU HSV/flip (fused), shared slots",
                               source=lambda: gpu_aug().loader)
     return [
@@ -685,6 +692,7 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         lambda b: bench.stepper(H.EnvDuring(gpu_aug().step_fn, "PIPELINE_OPT_FUSED", "0"))(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
         gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b)),
+        gil_gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b), switch_interval=0.0002),
         ProbedCandidate("default + GPU HSV/flip (fused), workers nice 10", lambda: placed(gpu_aug().loader, nice=10),
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "worker_nice": 10}),
