@@ -111,6 +111,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
             if any(before.values()):
                 for k in _AFFINE_GAINS:
                     setattr(t, k, 0.0)
+                _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
@@ -130,6 +131,70 @@ def active_cpu_stages(dataset: Any, *, affine: bool = False) -> list[str]:
         elif affine and isinstance(t, RandomPerspective) and any(getattr(t, k) for k in _AFFINE_GAINS):
             out.append("RandomPerspective")
     return out
+
+
+BORDER_VALUE = 114  # ultralytics' RandomPerspective fills with (114, 114, 114)
+
+
+def _crop_instead_of_warp(transform: Any) -> None:
+    """Give a silenced ``RandomPerspective`` a crop for its image warp (:class:`TranslationAsCrop`).
+
+    With every gain at 0 its matrix is a whole-pixel translation, and ``cv2.warpAffine`` then
+    makes only a crop of the Mosaic canvas at the cost of a full bilinear warp (a few ms per
+    image in every worker). Versions whose ``RandomPerspective`` has no ``apply_image`` keep
+    their warp."""
+    if callable(getattr(type(transform), "apply_image", None)):
+        transform.apply_image = TranslationAsCrop(transform)
+
+
+def integer_translation(M: Any) -> tuple[int, int] | None:
+    """``(tx, ty)`` when the 3x3 matrix ``M`` is exactly a whole-pixel translation, else None."""
+    import numpy as np
+
+    M = np.asarray(M, dtype=np.float64)
+    if M.shape != (3, 3) or not np.array_equal(M[:, :2], np.eye(3)[:, :2]) or M[2, 2] != 1.0:
+        return None
+    tx, ty = M[0, 2], M[1, 2]
+    if tx != round(tx) or ty != round(ty):
+        return None
+    return int(tx), int(ty)
+
+
+def translate_image(img: Any, tx: int, ty: int, size: tuple[int, int]) -> Any:
+    """``img`` moved by ``(tx, ty)`` into a ``size`` = ``(w, h)`` canvas filled with 114: equal to
+    ``cv2.warpAffine(img, [[1, 0, tx], [0, 1, ty]], size, borderValue=114)`` for integer shifts."""
+    import numpy as np
+
+    w, h = int(size[0]), int(size[1])
+    out = np.full((h, w, *img.shape[2:]), BORDER_VALUE, dtype=img.dtype)
+    x0, y0 = max(0, tx), max(0, ty)  # the destination's part that has a source pixel
+    x1, y1 = min(w, img.shape[1] + tx), min(h, img.shape[0] + ty)
+    if x1 > x0 and y1 > y0:
+        out[y0:y1, x0:x1] = img[y0 - ty:y1 - ty, x0 - tx:x1 - tx]
+    return out
+
+
+class TranslationAsCrop:
+    """``RandomPerspective.apply_image`` for a stage whose gains are all 0: a whole-pixel translation
+    is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+        self.crops = 0  # images cropped instead of warped (in this process)
+
+    def __call__(self, labels: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
+        t = self.transform
+        shift = None if params is None or t.perspective else integer_translation(params.get("M"))
+        img = labels.get("img")
+        if shift is None or img is None or img.ndim not in (2, 3):
+            return type(t).apply_image(t, labels, params)
+        out = translate_image(img, shift[0], shift[1], params["size"])
+        if out.ndim == 2 or out.shape[2] == 1:  # cv2 returns HxW for one channel; ultralytics adds it back
+            out = out.reshape(out.shape[0], out.shape[1], 1)
+        labels["img"] = out
+        labels["resized_shape"] = out.shape[:2]
+        self.crops += 1
+        return labels
 
 
 class GpuAugmentedPreprocess:
@@ -190,6 +255,8 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
         _, before = pending.pop(match)
         for key, value in before.items():
             setattr(t, key, value)
+        if name == "RandomPerspective":
+            t.__dict__.pop("apply_image", None)  # the class's warp again
         restored.append(name)
     if restored:
         log.info("CPU augmentation restored: %s", ", ".join(restored))

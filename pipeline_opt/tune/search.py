@@ -95,7 +95,7 @@ def repeat_noise(medians: list[float]) -> float:
 
 
 SLOTS_TIE_REASON = ("asked for, and they cut the workers' system time and page faults per batch: "
-                    "6-15x and 10-60x on an H200 YOLO pipeline")
+                    "5-25x and 5-60x on an H200 YOLO pipeline")
 
 
 def adds_shared_slots(cfg: LoaderConfig, ref: LoaderConfig) -> bool:

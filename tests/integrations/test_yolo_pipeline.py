@@ -73,6 +73,63 @@ def test_disable_cpu_augment_is_in_place_and_idempotent(yolo_data):
         disable_cpu_augment(object())
 
 
+@pytest.mark.parametrize("shape", [(64, 48, 3), (40, 30), (33, 65, 1), (20, 20, 5)])
+@pytest.mark.parametrize("tx, ty", [(-16, -12), (0, 0), (5, -7), (-100, 3), (70, 80)])
+def test_an_integer_translation_crops_exactly_as_cv2_warps(shape, tx, ty):
+    import cv2
+    import numpy as np
+
+    from pipeline_opt.integrations._yolo_augment import integer_translation, translate_image
+
+    img = np.random.default_rng(0).integers(0, 256, size=shape, dtype=np.uint8)
+    M = np.array([[1, 0, tx], [0, 1, ty], [0, 0, 1]], dtype=np.float32)
+    size = (32, 24)
+    want = cv2.warpAffine(img, M[:2], dsize=size, borderValue=(114, 114, 114, 114))
+    got = translate_image(img, *integer_translation(M), size)
+    assert np.array_equal(got.reshape(want.shape), want)
+    assert integer_translation(np.array([[1, 0, 0.5], [0, 1, 0], [0, 0, 1]])) is None  # half a pixel: a real warp
+    assert integer_translation(np.array([[1.01, 0, 0], [0, 1, 0], [0, 0, 1]])) is None
+
+
+def test_a_silenced_affine_crops_the_mosaic_exactly_as_ultralytics_warps_it(yolo_data):
+    """Same seed, the same samples with the crop and with ultralytics' own warp (all gains 0)."""
+    import random
+
+    import numpy as np
+    from ultralytics.data.augment import RandomPerspective
+
+    from pipeline_opt.integrations._yolo_augment import TranslationAsCrop, restore_cpu_augment
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
+    try:
+        disabled = disable_cpu_augment(pipe.dataset, affine=True)
+        stage = next(t for t in pipe.dataset.transforms.transforms[0].transforms if isinstance(t, RandomPerspective))
+        crop = stage.__dict__.get("apply_image")
+        assert isinstance(crop, TranslationAsCrop)
+
+        ds = pipe.dataset
+        buffer = (list(ds.buffer), list(ds.ims), list(ds.im_hw0), list(ds.im_hw))
+
+        def samples():  # the same draws from the same Mosaic buffer each time
+            ds.buffer, ds.ims, ds.im_hw0, ds.im_hw = (list(x) for x in buffer)
+            random.seed(3)
+            np.random.seed(3)
+            return [ds[i] for i in range(6)]
+
+        cropped = samples()
+        assert crop.crops >= 6  # every Mosaic canvas was cropped, none warped
+        del stage.apply_image  # ultralytics' own warp, same gains (0), same draws
+        warped = samples()
+        for a, b in zip(cropped, warped):
+            assert torch.equal(a["img"], b["img"]) and torch.equal(a["bboxes"], b["bboxes"])
+            assert torch.equal(a["cls"], b["cls"])
+        stage.apply_image = crop
+        assert "RandomPerspective" in restore_cpu_augment(pipe.dataset, disabled)
+        assert "apply_image" not in stage.__dict__ and stage.scale != 0.0  # the class's warp and gains again
+    finally:
+        pipe.close()
+
+
 def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
     pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu", gpu_augment=True)
     try:
