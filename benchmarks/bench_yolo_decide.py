@@ -8,7 +8,9 @@ decision the pooled CPU and GPU throughput, the noise it measured, the gain, whe
 GPU augmentation and how long it took.
 
 Rows: ``CPU HSV/flip, windows of S steps`` and ``GPU HSV/flip, windows of S steps`` with every
-window of every decision of that setting. ``summary.decisions``: the decisions themselves. The JSON
+window of every decision of that setting. S is the ``steps`` asked for; since ``d6210ae`` the
+decision rounds it up to whole rounds of the workers (16 for 10 at 8 workers), which the rows'
+``meta.window_steps`` and each decision's ``window_steps`` record. ``summary.decisions``: the decisions themselves. The JSON
 is rewritten after each decision, so a run cut short keeps what it measured.
 
     python -m benchmarks.bench_yolo_decide --out DIR --steps 10,20 --repeats 2   # H200: ~3 minutes
@@ -52,7 +54,8 @@ def rows_of(decisions: list[dict[str, Any]], steps: list[int]) -> list[H.Row]:
         for side in ("cpu", "gpu"):
             windows = [w for d in mine for w in d[f"{side}_windows"]]
             name = f"{side.upper()} HSV/flip, windows of {s} steps"
-            rows.append(H.row_of(name, windows, meta={"decisions": len(mine)}) if windows
+            meta = {"decisions": len(mine), "window_steps": sorted({d.get("window_steps", s) for d in mine})}
+            rows.append(H.row_of(name, windows, meta=meta) if windows
                         else H.not_run(name, "failed", "no window measured"))
     return rows
 
