@@ -145,6 +145,7 @@ def test_real_measurement_leaves_a_consistent_pipeline(pipe):
     decision = decide_yolo_augment(pipe, rounds=1, windows=1, steps=1, warmup=0)
     assert decision.order == ("cpu", "gpu") and decision.cpu_throughput > 0 and decision.gpu_throughput > 0
     assert decision.warmup_s > 0  # the real measurement warms both sides up first
+    assert len(decision.burn_in_windows) == 1  # ... and runs a CPU burn-in trial, left out of the verdict
     assert pipe.gpu_augment_active == decision.applied
     assert active_cpu_stages(pipe.dataset) == ([] if decision.applied else CPU_STAGES)
     assert all((before[n] == p).all() for n, p in pipe.model.named_parameters())  # the model is restored
@@ -232,3 +233,44 @@ def test_decision_arguments_are_checked(pipe):
         decide_yolo_augment(pipe, rounds=0)
     with pytest.raises(TypeError, match="augment_kwargs"):
         AttachOptions(augment_kwargs=[1])
+
+
+class InflatedFirstTrial(FakeMeasure):
+    """The first trial of a fresh pipeline reads high (as on the H200: 10-56% in 6 of 8 decisions)."""
+
+    def __init__(self, first: float, **kw) -> None:
+        super().__init__(**kw)
+        self.first = first
+
+    def __call__(self, *args, **kw):
+        m = super().__call__(*args, **kw)
+        if len(self.seen) == 1:
+            return Measurement(windows=(self.first,) * 3, steps_per_window=m.steps_per_window, batch_size=4,
+                               startup_s=0.0, elapsed_s=0.0)
+        return m
+
+
+def test_the_burn_in_trial_is_recorded_and_left_out_of_the_verdict(pipe):
+    fake = InflatedFirstTrial(first=300.0, cpu=100.0, gpu=120.0, dataset=pipe.dataset)
+    decision = decide_yolo_augment(pipe, measure=fake, burn_in=True)
+    assert [gpu for gpu, _ in fake.seen] == [False, False, True, False, True]  # the burn-in is a CPU trial
+    assert [stages for _, stages in fake.seen][0] == CPU_STAGES
+    assert decision.burn_in_windows == (300.0, 300.0, 300.0) and decision.order == ("cpu", "gpu", "cpu", "gpu")
+    assert decision.cpu_throughput == pytest.approx(100.0) and decision.applied  # +20% over the real CPU trials
+
+
+def test_without_the_burn_in_an_inflated_first_trial_decides(pipe):
+    fake = InflatedFirstTrial(first=300.0, cpu=100.0, gpu=120.0, dataset=pipe.dataset)
+    decision = decide_yolo_augment(pipe, measure=fake)  # injected measurements: no burn-in unless asked
+    assert decision.burn_in_windows == () and not decision.applied
+
+
+def test_a_failing_burn_in_keeps_the_cpu_stages(pipe):
+    class Failing(FakeMeasure):
+        def __call__(self, *args, **kw):
+            super().__call__(*args, **kw)
+            raise TrialFailed("worker_died", "a worker died: killed by signal")
+
+    decision = decide_yolo_augment(pipe, measure=Failing(cpu=100.0, gpu=500.0, dataset=pipe.dataset), burn_in=True)
+    assert not decision.applied and "the cpu burn-in trial failed (worker_died)" in decision.verdict
+    assert active_cpu_stages(pipe.dataset) == CPU_STAGES and pipe.step_fn.augment is None
