@@ -54,6 +54,8 @@ and the training thread's own CPU seconds per step:
                                 "GIL switch 0.2 ms": the same with sys.setswitchinterval(0.0002)
                                 during its windows (the slot rows wait ~7% for data with the
                                 workers ahead: is it the receiving thread's hold on the GIL?)
+    ... GPU HSV/flip + affine   gpu_affine=True: RandomPerspective's gains on the GPU too, the
+                                workers only crop the Mosaic canvas (and through shared slots)
     ... GPU HSV/flip, workers nice 10     the GPU-augmenting default with its workers at nice 10:
                                 the training process's threads win every contested core
     ... GPU HSV/flip, workers off N cores  the same with the workers' CPU affinity excluding the
@@ -651,11 +653,14 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
     cached, cached_gpu = _Lazy(lambda: build(cache="ram")), _Lazy(lambda: build(cache="ram", gpu_augment="force"))
     gpu_aug = _Lazy(lambda: build(gpu_augment="force"))
     gpu_aug_more = _Lazy(lambda: build(gpu_augment="force", workers=more))
+    gpu_affine = _Lazy(lambda: build(gpu_augment="force", gpu_affine=True))
     gpu_meta = {"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)"]}
     placement = worker_cores(sizes.reserved_cores)
     gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots", source=lambda: gpu_aug().loader)
     gil_gpu_slots = SlotsRow(bench, name="default + GPU HSV/flip (fused), shared slots, GIL switch 0.2 ms",
                              source=lambda: gpu_aug().loader)
+    affine_slots = SlotsRow(bench, name="default + GPU HSV/flip + affine, shared slots",
+                            source=lambda: gpu_affine().loader)
     more_gpu_slots = SlotsRow(bench, workers=more, name=f"{more} workers + GPU HSV/flip (fused), shared slots",
                               source=lambda: gpu_aug().loader)
     return [
@@ -693,6 +698,11 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
                         meta={**gpu_meta, "kernel": "torch operations (PIPELINE_OPT_FUSED=0 during the step)"}),
         gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b)),
         gil_gpu_slots.candidate(lambda b: bench.stepper(gpu_aug().step_fn)(b), switch_interval=0.0002),
+        ProbedCandidate("default + GPU HSV/flip + affine (gpu_affine)", lambda: gpu_affine().loader,
+                        lambda b: bench.stepper(gpu_affine().step_fn)(b), count=_count, on_close=_close_loader,
+                        meta={"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)", "RandomPerspective"],
+                              "what": "RandomPerspective's gains on the GPU; the workers crop the Mosaic canvas"}),
+        affine_slots.candidate(lambda b: bench.stepper(gpu_affine().step_fn)(b)),
         ProbedCandidate("default + GPU HSV/flip (fused), workers nice 10", lambda: placed(gpu_aug().loader, nice=10),
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, on_close=_close_loader,
                         meta={**gpu_meta, "worker_nice": 10}),

@@ -396,6 +396,14 @@ def test_yolo_gap_rows_and_cpu_load(results):
     slots = next(r for r in res["rows"] if r["name"] == "default, shared slots")
     assert slots["throughput"] > 0 and "slot_stats" in slots["meta"]
     assert slots["meta"]["slot_stats"]["worker_fetch_ms_per_batch"] > 0
+    placed = {r["name"]: r for r in res["rows"] if r["name"].startswith("default + GPU HSV/flip")}
+    assert placed["default + GPU HSV/flip (fused), workers nice 10"]["meta"]["worker_nice"] == 10
+    off = next(r for n, r in placed.items() if "workers off" in n)
+    assert off["meta"]["worker_cores"] and off["meta"]["reserved_cores"] and off["throughput"] > 0
+    for n in ("default + GPU HSV/flip (fused), shared slots", "default + GPU HSV/flip + affine, shared slots"):
+        assert placed[n]["throughput"] > 0 and placed[n]["meta"]["slot_stats"]["slotted"] > 0, n
+    affine = placed["default + GPU HSV/flip + affine (gpu_affine)"]
+    assert affine["throughput"] > 0 and "RandomPerspective" in affine["meta"]["cpu_stages_disabled"]
     timed = next(r for r in res["rows"] if r["name"] == "default, workers timed")
     assert timed["meta"]["worker_stats"]["batches"] > 0 and timed["meta"]["worker_stats"]["worker_fetch_ms_per_batch"] > 0
     # more workers, and the loader without a training step (its delivery rate)
