@@ -586,27 +586,13 @@ def _clone_sharing(loader: Any, strategy: str, **kw: Any) -> Any:
         tmp.set_sharing_strategy(saved)
 
 
-def smt_siblings(core: int) -> set[int]:
-    """The logical cores that share ``core``'s physical core (itself included), from sysfs."""
-    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return {core}
-    out: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out or {core}
-
-
 def worker_cores(reserved: int) -> tuple[list[int], list[int]]:
     """(reserved, for the workers): the first ``reserved`` usable cores with their SMT siblings,
     and the usable cores left for the workers (all of them when nothing would be left)."""
     usable = sorted(os.sched_getaffinity(0))
     keep: set[int] = set()
     for core in usable[:reserved]:
-        keep |= smt_siblings(core)
+        keep |= H.smt_siblings(core) or {core}
     rest = [c for c in usable if c not in keep]
     return sorted(keep & set(usable)), rest or usable
 

@@ -111,18 +111,25 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _threads_per_core(core: int) -> int | None:
-    """Logical cores sharing ``core``'s physical core (SMT), from sysfs; None where it is not there."""
+def smt_siblings(core: int) -> set[int] | None:
+    """The logical cores that share ``core``'s physical core (itself included), from sysfs; None
+    where sysfs does not say."""
     path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
     try:
-        parts = path.read_text().strip().split(",")
+        text = path.read_text().strip()
     except OSError:
         return None
-    n = 0
-    for part in parts:
+    out: set[int] = set()
+    for part in text.split(","):
         lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out or None
+
+
+def _threads_per_core(core: int) -> int | None:
+    """Logical cores sharing ``core``'s physical core (SMT); None where it is not known."""
+    siblings = smt_siblings(core)
+    return None if siblings is None else len(siblings)
 
 
 def environment() -> dict[str, Any]:

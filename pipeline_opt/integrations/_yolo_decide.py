@@ -178,7 +178,7 @@ def decide_gpu_augment(
     warm_up = measure is None if warm_up is None else bool(warm_up)
     burn_in = measure is None if burn_in is None else bool(burn_in)
     measure = measure or _measure.measure_throughput
-    window_steps = timing.whole_rounds(steps, _workers_of(loader))
+    window_steps = timing.whole_rounds(steps, _measure.num_workers_of(loader))
     deadline = time.monotonic() + float(time_budget_s)
     runs: dict[str, list[Measurement]] = {"cpu": [], "gpu": []}
     order: list[str] = []
@@ -220,16 +220,6 @@ def decide_gpu_augment(
     switch.set(decision.applied)
     log.info("pipeline_opt: GPU augmentation %s: %s", "kept" if decision.applied else "not used", decision.verdict)
     return decision
-
-
-def _workers_of(loader: Any) -> int:
-    """``num_workers`` of the DataLoader under ``loader`` (a wrapper exposes it as ``.loader``)."""
-    for _ in range(4):
-        workers = getattr(loader, "num_workers", None)
-        if isinstance(workers, int):
-            return workers
-        loader = getattr(loader, "loader", None)
-    return 0
 
 
 def _warm_up_step(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any],

@@ -146,6 +146,11 @@ def _dataloaders_under(loader: Any) -> list[Any]:
     return out
 
 
+def num_workers_of(loader: Any) -> int:
+    """``num_workers`` of the innermost DataLoader under ``loader`` (wrappers expose it as ``.loader``)."""
+    return int(getattr(_dataloaders_under(loader)[-1], "num_workers", 0) or 0)
+
+
 def _shutdown(it: Any) -> None:
     if it is None:
         return
@@ -219,8 +224,7 @@ def measure_throughput(
         raise ValueError(f"windows={windows}, steps={steps} must be >= 1 and warmup={warmup} >= 0")
     if seed is not None:
         _seed_everything(seed)
-    inner = _dataloaders_under(loader)[-1]
-    workers = int(getattr(inner, "num_workers", 0) or 0)
+    workers = num_workers_of(loader)
     skip = max(warmup, workers)  # each worker's first batch was decoded during the start-up
     before = live_children()
     stream = BatchStream(loader)
