@@ -25,6 +25,9 @@ injected numbers. The rules:
   checks while its pooled median is not below the baseline's (equal speed, a fraction of the
   workers' system time and page faults). A failed candidate (raised, worker died, hung) is
   recorded and rolled back; the search continues.
+* The resource budget caps the workers the tuner may add; a candidate with no more workers than the
+  loader as given (which has run with them) answers only to the shared-memory check, so flag changes
+  are tried on a user's configuration even when it is over the cap.
 * Before returning, the winner and the baseline are measured once more; unless the winner's pooled
   median still beats the baseline's beyond the (updated) noise, the baseline is returned.
 * A *clear* win (a gain over the baseline above ``max(CLEAR_GAIN, 5 x threshold)``, e.g. 8x for a
@@ -251,11 +254,24 @@ class Search:
         self._update_noise()
         self._record(baseline, m, True, why)
 
+    def fits(self, cfg: LoaderConfig) -> tuple[bool, str]:
+        """The resource budget's verdict on ``cfg``: ``(True, "")`` or ``(False, why)``.
+
+        The worker cap keeps the tuner from *adding* workers; it does not forbid the loader as
+        given's own count, which has run already. So a candidate with no more workers than the
+        baseline answers only to the shared-memory check: a flag change (shared slots, pinning,
+        prefetch) on a user's 8-worker loader is still tried on an 8-core machine whose cap is 6
+        (on the H200 at 8 cores, the refused slots trial was the difference between 0.70x and
+        0.89x of the limit)."""
+        if self.baseline is not None and 0 < cfg.num_workers <= self.baseline.num_workers:
+            return self.budget.shm_allows(cfg.num_workers, cfg.prefetch_factor)
+        return self.budget.allows(cfg.num_workers, cfg.prefetch_factor)
+
     def consider(self, cfg: LoaderConfig, why: str) -> bool:
         """Measure ``cfg`` unless already seen or over budget; make it the incumbent if it wins."""
         if cfg in self.history or cfg in self.failed:
             return False
-        fits, reason = self.budget.allows(cfg.num_workers, cfg.prefetch_factor)
+        fits, reason = self.fits(cfg)
         if not fits:
             self.not_tried.append(f"{cfg.label()} ({why}): {reason}")
             return False
@@ -306,7 +322,7 @@ class Search:
     def calibrate(self, guess: LoaderConfig, why: str) -> None:
         """Baseline vs the first guess, interleaved A B A B; decides on pooled medians."""
         base = self.baseline
-        if guess == base or not self.budget.allows(guess.num_workers, guess.prefetch_factor)[0]:
+        if guess == base or not self.fits(guess)[0]:
             self._repeat(base, "repeat of the baseline (noise estimate)")
             return
         self.consider(guess, why)

@@ -336,6 +336,32 @@ def test_shared_slots_are_not_tried_off_cuda_or_without_workers():
     assert any("shared_slots=False" in line for line in s.not_tried)
 
 
+def test_flag_changes_keep_the_given_worker_count_when_the_cap_is_below_it():
+    import torch
+
+    from pipeline_opt.tune.api import _tune_flags
+
+    # an 8-worker loader on a machine whose worker cap is 6 (the H200 at 8 cores): the cap stops the
+    # tuner from adding workers, not from changing a flag of the configuration the user runs
+    s, ev = _search(lambda c: 130.0 if c.shared_slots else 100.0, max_workers=6)
+    s.start(LoaderConfig(8, prefetch_factor=4))
+    _tune_flags(s, _dataloader(), torch.device("cuda"))
+    assert LoaderConfig(8, prefetch_factor=4, shared_slots=True) in ev.calls
+    assert s.outcome().best.shared_slots and s.outcome().best.num_workers == 8
+    assert not s.consider(LoaderConfig(10, prefetch_factor=4), "more workers")  # adding stays capped
+    assert any("num_workers=10 is over the budget of 6" in line for line in s.not_tried), s.not_tried
+
+
+def test_the_given_worker_count_still_answers_to_the_shared_memory_check():
+    budget = compute_budget(cpus=64, ram_available_bytes=2**40, user_max=6, shm_free_bytes=100 << 20,
+                            bytes_per_batch=10 << 20)
+    clock = Clock()
+    s = Search(FakeEvaluator(clock, lambda c: 100.0), budget, deadline=100.0, clock=clock)
+    s.start(LoaderConfig(8, prefetch_factor=2))
+    ok, why = s.fits(LoaderConfig(8, prefetch_factor=4))
+    assert not ok and "/dev/shm" in why
+
+
 def test_builder_makes_a_slot_device_loader():
     import torch
 
