@@ -20,10 +20,11 @@ injected numbers. The rules:
   (rollback), with one exception, the tie rule: a candidate that only has fewer workers than a
   tuner-chosen incumbent and measures at least the incumbent's pooled median replaces it (equal
   speed, fewer processes competing with the training process); and the shared-slots tie rule: a
-  candidate that only turns shared slots on (tried only when asked for) and measures at least the
-  incumbent's pooled median replaces it, the loader as given included, and survives the final
-  checks while its pooled median is not below the baseline's (equal speed, a fraction of the
-  workers' system time and page faults). A failed candidate (raised, worker died, hung) is
+  candidate that only turns shared slots on (tried only when asked for) and measures no more than
+  ``min_gain`` below the incumbent's pooled median replaces it, the loader as given included, and
+  survives the final checks while its pooled median is no more than ``min_gain`` below the
+  baseline's (equal speed within the minimum gain, a fraction of the workers' system time and page
+  faults, and a win in every interleaved H200 comparison so far). A failed candidate (raised, worker died, hung) is
   recorded and rolled back; the search continues.
 * The resource budget caps the workers the tuner may add; a candidate with no more workers than the
   loader as given (which has run with them) answers only to the shared-memory check, so flag changes
@@ -285,10 +286,10 @@ class Search:
             ok = True
             verdict += (f", but not slower ({m.median:,.1f}/s against {self.median(incumbent):,.1f}/s pooled) "
                         f"with fewer workers ({cfg.num_workers} < {incumbent.num_workers})")
-        elif not ok and adds_shared_slots(cfg, incumbent) and m.median >= self.median(incumbent):
+        elif not ok and adds_shared_slots(cfg, incumbent) and self._slots_tie(m.median, self.median(incumbent)):
             ok = True
-            verdict += (f", but not slower ({m.median:,.1f}/s against {self.median(incumbent):,.1f}/s pooled) "
-                        f"through shared slots ({SLOTS_TIE_REASON})")
+            verdict += (f", but not slower beyond the {self.min_gain:.0%} minimum ({m.median:,.1f}/s against "
+                        f"{self.median(incumbent):,.1f}/s pooled) through shared slots ({SLOTS_TIE_REASON})")
         tail = f"kept over {incumbent.label()}" if ok else f"rolled back to {incumbent.label()}"
         self._record(cfg, m, ok, f"{why}: {verdict}; {tail}")
         if ok:
@@ -309,7 +310,14 @@ class Search:
         """The shared-slots tie rule against the loader as given: the incumbent only adds shared slots
         to it and its pooled median is not below the baseline's."""
         return (adds_shared_slots(self.incumbent, self.baseline)
-                and self.median(self.incumbent) >= self.median(self.baseline))
+                and self._slots_tie(self.median(self.incumbent), self.median(self.baseline)))
+
+    def _slots_tie(self, slots_median: float, reference_median: float) -> bool:
+        """Shared slots tie when they measure no more than ``min_gain`` below the reference: in 12 of
+        12 interleaved H200 comparisons (bench_yolo, 6 runs x 2 core settings) the slots row beat
+        the same loader without them (1.01-1.42x), while the tuner's short windows once read them
+        0.5% below and rolled them back."""
+        return slots_median >= (1.0 - self.min_gain) * reference_median
 
     def _repeat(self, cfg: LoaderConfig, why: str) -> bool:
         m = self._run(cfg, why)

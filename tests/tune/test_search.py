@@ -284,7 +284,9 @@ def test_the_tuner_keeps_shared_slots_when_they_win_or_tie_and_not_when_slower()
     slots = next(t for t in out.trials if t.config["shared_slots"])
     assert slots.accepted and "within the threshold" in slots.reason and "through shared slots" in slots.reason
     out, _ = _flags_search(lambda c: 98.0 if c.shared_slots else 100.0)
-    assert not out.best.shared_slots  # slower (within the noise, but slower): rolled back
+    assert out.best.shared_slots  # 2% slower: within the 3% minimum gain either way, still a tie
+    out, _ = _flags_search(lambda c: 96.0 if c.shared_slots else 100.0)
+    assert not out.best.shared_slots  # 4% slower (within the noise, but beyond the minimum): rolled back
 
 
 def test_a_slots_tie_survives_the_final_check_only_while_not_slower_than_the_baseline():
