@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import move_to_device
+from pipeline_opt.integrations._yolo_step import images_to_device
 
 log = get_logger("integrations.ultralytics")
 
@@ -200,6 +200,9 @@ class TranslationAsCrop:
 class GpuAugmentedPreprocess:
     """``preprocess_batch`` replacement: device copy, GPU augmentation on uint8, then the original.
 
+    Only the images go to the device before the augmentation: the boxes stay on the CPU, where a
+    warp's box filter runs without making the host wait, and the augmentation copies them over.
+
     ``calls`` counts the batches augmented (the report and the tests read it).
     """
 
@@ -213,7 +216,7 @@ class GpuAugmentedPreprocess:
         self.calls = 0
 
     def __call__(self, batch: dict) -> dict:
-        batch = move_to_device(batch, self.device, non_blocking=self.device.type == "cuda")
+        batch = images_to_device(batch, self.device)
         with torch.autocast(device_type=self.device.type, enabled=False):
             batch = self.augment(batch)
         self.calls += 1

@@ -62,6 +62,16 @@ class TrainerStep:
         return loss.detach()
 
 
+def images_to_device(batch: dict, device: torch.device) -> dict:
+    """A copy of ``batch`` with only ``img`` on ``device`` (the copy to a GPU does not block).
+
+    The GPU augmentation takes the boxes from the CPU: a warp filters them there without making
+    the host wait, and the augmentation copies them to the device itself."""
+    batch = dict(batch)
+    batch["img"] = move_to_device(batch["img"], device, non_blocking=device.type == "cuda")
+    return batch
+
+
 def preprocess_images(batch: dict, device: torch.device) -> dict:
     """The device copy and ``/255`` of ``DetectionTrainer.preprocess_batch`` (no multi-scale)."""
     batch = move_to_device(batch, device, non_blocking=device.type == "cuda")
@@ -99,8 +109,8 @@ class YoloStep:
         self.scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
 
     def preprocess(self, batch: dict) -> dict:
-        batch = move_to_device(dict(batch), self.device, non_blocking=self.device.type == "cuda")
         if self.augment is not None:
+            batch = images_to_device(batch, self.device)
             with torch.autocast(device_type=self.device.type, enabled=False):
                 batch = dict(self.augment(batch))
         return preprocess_images(batch, self.device)

@@ -82,10 +82,13 @@ class DetectionGPUAugment(nn.Module):
             boxes whose width or height is not above this many pixels are dropped (with their
             ``cls`` and ``batch_idx``). Without a warp and with 0 (the default) boxes are only
             mirrored, as ultralytics' RandomFlip does, and the call never waits for the device.
+            With a filter, boxes that arrive on the CPU are warped, flipped and filtered there and
+            copied to the images' device once, so the call does not wait either; boxes already on
+            the device are filtered there (the host waits once per mask).
+        seed: makes the draws reproducible (one CPU generator shared by the stages).
 
     On CUDA with Triton, HSV and both flips run as one fused kernel
     (:mod:`pipeline_opt.transforms.fused`), bit-identical to the separate modules.
-        seed: makes the draws reproducible (one CPU generator shared by the stages).
     """
 
     def __init__(
@@ -158,9 +161,16 @@ class DetectionGPUAugment(nn.Module):
                 f"batch has {present}: DetectionGPUAugment moves detection boxes only; "
                 "keep geometric augmentation on the CPU for segmentation/pose (fliplr=flipud=0, affine=False)"
             )
-        boxes = self._boxes(batch, img)
         size = (img.shape[-2], img.shape[-1])
         warped = not self.affine.is_identity
+        filters = warped or self.min_box_size > 0
+        # Filtering selects rows by a mask, and on the GPU every mask makes the host wait for the
+        # device. Boxes that arrive on the CPU (the step moves only the images before augmenting)
+        # are therefore warped, flipped and filtered there, a few hundred rows, and copied to the
+        # device once at the end; without a filter they go to the device at once (nothing waits).
+        source = batch.get("bboxes")
+        box_device = source.device if filters and isinstance(source, torch.Tensor) else img.device
+        boxes = self._boxes(batch, img, box_device)
         if warped:
             img, boxes = self.affine(img, boxes)
         n = img.shape[0]
@@ -169,10 +179,12 @@ class DetectionGPUAugment(nn.Module):
         img = self._colour_and_flips(img, hsv, ud, lr)
         boxes = self.flipud.apply_boxes(boxes, ud, img.shape[-2])
         boxes = self.fliplr.apply_boxes(boxes, lr, img.shape[-1])
-        if warped or self.min_box_size > 0:
+        if filters:
             # the warp crops and can empty boxes; colour and flips cannot, and ultralytics filters
             # nothing after them, so without a warp the boxes keep their count (and nothing syncs)
             boxes = boxes.clip(size).drop_degenerate(size, self.min_box_size)
+        if boxes.boxes.device != img.device:
+            boxes = self._on(boxes, img.device)
         out = dict(batch)
         out.update(img=img, bboxes=boxes.boxes, cls=boxes.cls, batch_idx=boxes.batch_idx)
         return out
@@ -194,7 +206,13 @@ class DetectionGPUAugment(nn.Module):
         return img
 
     @staticmethod
-    def _boxes(batch: Mapping, img: torch.Tensor) -> BatchBoxes:
+    def _on(boxes: BatchBoxes, device: torch.device) -> BatchBoxes:
+        """``boxes`` on ``device`` through asynchronous copies (the host never waits)."""
+        return BatchBoxes(to_device_async(boxes.boxes, device), to_device_async(boxes.batch_idx, device),
+                          None if boxes.cls is None else to_device_async(boxes.cls, device), fmt=boxes.fmt)
+
+    @staticmethod
+    def _boxes(batch: Mapping, img: torch.Tensor, device: torch.device) -> BatchBoxes:
         bboxes = batch.get("bboxes")
         if bboxes is None:
             bboxes = img.new_zeros((0, 4), dtype=torch.float32)
@@ -207,6 +225,5 @@ class DetectionGPUAugment(nn.Module):
         cls = batch.get("cls")
         if cls is None:
             cls = bboxes.new_zeros((n, 1))
-        dev = img.device
-        return BatchBoxes(to_device_async(bboxes, dev), to_device_async(batch_idx, dev), to_device_async(cls, dev),
-                          fmt="xywhn")
+        return BatchBoxes(to_device_async(bboxes, device), to_device_async(batch_idx, device),
+                          to_device_async(cls, device), fmt="xywhn")

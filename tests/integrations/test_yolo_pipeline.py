@@ -160,3 +160,23 @@ def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
 def test_cli_rejects_bad_arguments(argv, message, capsys):
     assert cli_main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monkeypatch):
+    import torch
+
+    from pipeline_opt.integrations import _yolo_step
+    from pipeline_opt.integrations._yolo_step import YoloStep, images_to_device
+
+    batch = {"img": torch.zeros(2, 3, 8, 8, dtype=torch.uint8), "bboxes": torch.rand(3, 4),
+             "batch_idx": torch.tensor([0.0, 0.0, 1.0]), "cls": torch.zeros(3, 1)}
+    moved = images_to_device(batch, torch.device("meta"))  # a device other than the CPU, without a GPU
+    assert moved["img"].is_meta and moved["bboxes"] is batch["bboxes"]  # boxes stay where they are
+    assert batch["img"].device.type == "cpu"  # the caller's dict is not changed
+
+    calls = []
+    monkeypatch.setattr(_yolo_step, "images_to_device", lambda b, d: calls.append("images") or b)
+    step = YoloStep("cpu", augment=lambda b: calls.append("augment") or b)
+    out = step.preprocess(batch)
+    assert calls == ["images", "augment"]  # the images go first, the boxes with the augmentation
+    assert out["img"].dtype == torch.float32

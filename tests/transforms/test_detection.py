@@ -180,3 +180,23 @@ def test_cuda_matches_cpu():
     assert (gpu["img"].cpu().int() - cpu["img"].int()).abs().max() <= 1
     assert torch.equal(gpu["cls"].cpu(), cpu["cls"]) and torch.equal(gpu["batch_idx"].cpu(), cpu["batch_idx"])
     torch.testing.assert_close(gpu["bboxes"].cpu(), cpu["bboxes"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_warp_with_boxes_on_the_cpu_never_waits_for_the_device_and_matches_the_device_path():
+    hyp = {"degrees": 10.0, "translate": 0.1, "scale": 0.5, "shear": 2.0, "fliplr": 0.5, "flipud": 0.5}
+    on_device = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _batch(8).items()}
+    images_only = dict(_batch(8), img=on_device["img"])  # what the step hands over: boxes still on the CPU
+    DetectionGPUAugment(**hyp, seed=3)(images_only)  # first call: kernels compiled, staging buffers made
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = DetectionGPUAugment(**hyp, seed=3)(images_only)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = DetectionGPUAugment(**hyp, seed=3)(on_device)  # filtered on the device (waits once per mask)
+    assert all(out[k].is_cuda for k in ("img", "bboxes", "cls", "batch_idx"))
+    assert torch.equal(out["img"], ref["img"])
+    assert torch.equal(out["cls"], ref["cls"]) and torch.equal(out["batch_idx"], ref["batch_idx"])
+    torch.testing.assert_close(out["bboxes"], ref["bboxes"], atol=1e-5, rtol=0)
