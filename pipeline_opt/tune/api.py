@@ -95,9 +95,9 @@ def autotune(
         shared_slots: (opt-in) on CUDA, with workers, try delivering the image tensors through reused,
             page-locked shared-memory slots (:mod:`pipeline_opt.shared_slots`) instead of a fresh
             segment per batch; ``result.loader`` is then a ``DeviceLoader`` yielding device batches.
-            Kept when they measure at least as fast as the configuration without them (a tie
-            goes to the slots: they cut the workers' system time and page faults), rolled back
-            when slower.
+            Kept when they measure no more than ``min_gain`` below the configuration without
+            them (a tie goes to the slots: they cut the workers' system time and page faults),
+            rolled back when slower than that.
 
     Returns:
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
