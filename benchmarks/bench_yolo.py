@@ -250,7 +250,30 @@ def summarize(rows: list[H.Row], suffixes: list[str]) -> dict[str, Any]:
             "noise_max_spread": noise,
             "target integration >= 0.95x limit": None if x_limit is None else x_limit >= 0.95,
             "default within noise of limit": None if d_limit is None or noise is None else d_limit >= 1 - noise,
+            "caveats": limit_caveats(limit, [r for r in (default, slots, integ) if r is not None]),
         }
+    return out
+
+
+LIMIT_SPREAD_CAVEAT = 0.2  # a limit whose windows spread more than this is flagged
+
+
+def limit_caveats(limit: H.Row | None, loader_rows: list[H.Row]) -> list[str]:
+    """Why a ratio against ``limit`` may not be a result: the replayed batch is the ceiling of
+    every loader row in principle, so a loader row above it, or a limit whose own windows spread
+    widely, means the limit was measured low (on the H200 one run's limit read 824 img/s while
+    the untuned default + shared slots read 880, and the summary said "met" for a 1.02x)."""
+    if limit is None or limit.status != "ok" or not limit.median:
+        return []
+    out = []
+    above = [r for r in loader_rows if r.status == "ok" and r.median and r.median > limit.median]
+    if above:
+        names = ", ".join(f"{r.name} ({r.median:,.0f})" for r in above)
+        out.append(f"the limit ({limit.median:,.0f} img/s) read below {names}: it was no ceiling in this run, "
+                   "so ratios against it are not results")
+    spread = limit.stats.get("spread", 0.0)
+    if spread > LIMIT_SPREAD_CAVEAT:
+        out.append(f"the limit's windows spread {spread:.0%} (over {LIMIT_SPREAD_CAVEAT:.0%})")
     return out
 
 

@@ -877,8 +877,22 @@ def markdown_summary(results: Sequence[dict[str, Any]]) -> str:
         if targets:
             out.append("\n" + "\n".join(f"- {k}: **{'met' if v else 'missed' if v is False else 'not measured'}**"
                                         for k, v in targets.items()))
+        caveats = _caveats(res.get("summary", {}))
+        if caveats:
+            out.append("\n".join(f"- {where}caveat: {text}" for where, text in caveats))
         out.append("")
     return "\n".join(out)
+
+
+def _caveats(summary: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """``(where, text)`` for every ``caveats`` list in ``summary`` (nested parts included)."""
+    found: list[tuple[str, str]] = []
+    for k, v in summary.items():
+        if k == "caveats" and isinstance(v, list):
+            found += [(prefix, str(text)) for text in v]
+        elif isinstance(v, dict) and k != "parts":
+            found += _caveats(v, f"{prefix}{k}: ")
+    return found
 
 
 def _targets(summary: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -55,6 +55,29 @@ def test_row_round_trips_through_json_as_the_yolo_child_returns_it():
     assert _row_from_dict(gone.to_dict()).to_dict() == gone.to_dict()
 
 
+def test_yolo_summary_flags_a_limit_that_was_no_ceiling_and_the_markdown_says_so():
+    from benchmarks.bench_yolo import SLOTS_ROW, summarize
+
+    sfx = "all cores"
+    rows = [H.row_of(f"limit (replayed pinned batch) @{sfx}", [799.0, 824.0, 1014.0]),
+            H.row_of(f"default (ultralytics, workers=8) @{sfx}", [708.0, 725.0, 804.0]),
+            H.row_of(f"{SLOTS_ROW} @{sfx}", [773.0, 880.0, 883.0]),
+            H.row_of(f"integration (tuned, GPU augment if it wins) @{sfx}", [692.0, 839.0, 885.0])]
+    part = summarize(rows, [sfx])[sfx]
+    assert part["target integration >= 0.95x limit"] is True  # 839 / 824: the ratio alone says met
+    caveats = part["caveats"]
+    assert len(caveats) == 2, caveats
+    assert "no ceiling" in caveats[0] and SLOTS_ROW in caveats[0] and "integration" in caveats[0]
+    assert "default (ultralytics" not in caveats[0] and "spread 26%" in caveats[1]
+    md = H.markdown_summary([{"benchmark": "bench_yolo", "rows": [r.to_dict() for r in rows],
+                              "summary": {"parts": {}, sfx: part}}])
+    assert f"- {sfx}: target integration >= 0.95x limit: **met**" in md
+    assert f"- {sfx}: caveat: the limit (824 img/s) read below" in md
+    # a limit above every loader row, with windows that agree, carries no caveat
+    steady = [H.row_of(f"limit (replayed pinned batch) @{sfx}", [1083.0, 1119.0, 1150.0])] + rows[1:]
+    assert summarize(steady, [sfx])[sfx]["caveats"] == []
+
+
 class _Counter:
     """An endless source that records which batches were handed out."""
 
