@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="measured steps of each profile")
     p.add_argument("--warmup", type=int, default=5, help="steps left out first")
     p.add_argument("--no-gpu-augment", action="store_true", help="keep HSV / flips on the CPU")
-    p.add_argument("--gpu-affine", action="store_true", help="also move RandomPerspective's gains to the GPU (measured slower on an H200 YOLO11n run)")
+    p.add_argument("--gpu-affine", action="store_true",
+                   help="also move RandomPerspective's gains to the GPU (measured slower on an H200 YOLO11n run)")
     p.add_argument("--synthetic-images", type=int, default=128, help="train images of the synthetic set")
     p.add_argument("--out", default=None, help="directory for before/, after/, tune/ and summary.json")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")

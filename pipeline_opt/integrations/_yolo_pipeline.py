@@ -103,8 +103,8 @@ def build_yolo_pipeline(
         amp: ``"bf16"`` / ``"fp16"`` / ``"fp32"``; default bf16 on a CUDA device with bf16, else fp32.
         gpu_augment: silence the dataset's CPU RandomHSV / RandomFlip and apply them on the device
             in the step (``gpu_affine=True`` moves the RandomPerspective gains too; measured
-            slower than colour/flip alone on the H200, 723 against 864 img/s: off by default). ``True`` makes
-            it a candidate: :func:`tune_yolo` (or :func:`decide_yolo_augment`) measures it against
+            slower than colour/flip alone on the H200, 723 against 864 img/s: off by default).
+            ``True`` makes it a candidate: :func:`tune_yolo` (or :func:`decide_yolo_augment`) measures it against
             the CPU stages and keeps it only when it is faster beyond the noise; ``"force"``
             applies it unmeasured.
         overrides: any other ultralytics training argument (``mosaic=0.0``, ``cache="ram"``, ...).

@@ -103,8 +103,8 @@ def attach(
             on the device in ``preprocess_batch`` with the run's own hyperparameters
             (``gpu_affine=True`` moves the RandomPerspective gains too; the CPU then only
             centre-crops the Mosaic canvas; on the H200 YOLO11n pipeline that read 0.84x the
-            colour/flip-only augmentation, 723 against 864 img/s, so it stays off by default). ``True``: both are measured on real trainer steps,
-            interleaved A B A B, before tuning; the GPU augmentation is kept only when its median
+            colour/flip-only augmentation, 723 against 864 img/s, so it stays off by default).
+            ``True``: both are measured on real trainer steps, interleaved A B A B, before tuning; the GPU augmentation is kept only when its median
             gain beats ``max(noise, 3%)``, otherwise the CPU stages stay and ``preprocess_batch``
             is left unwrapped (the verdict, both throughputs and the noise are logged and saved in
             ``integration.json``). ``"force"``: applied without measuring. ``False``: never.

@@ -168,9 +168,8 @@ class DetectionGPUAugment(nn.Module):
         # device. Boxes that arrive on the CPU (the step moves only the images before augmenting)
         # are therefore warped, flipped and filtered there, a few hundred rows, and copied to the
         # device once at the end; without a filter they go to the device at once (nothing waits).
-        source = batch.get("bboxes")
-        box_device = source.device if filters and isinstance(source, torch.Tensor) else img.device
-        boxes = self._boxes(batch, img, box_device)
+        boxes = self._boxes(batch, img)
+        boxes = self._on(boxes, boxes.boxes.device if filters else img.device)
         if warped:
             img, boxes = self.affine(img, boxes)
         n = img.shape[0]
@@ -182,9 +181,7 @@ class DetectionGPUAugment(nn.Module):
         if filters:
             # the warp crops and can empty boxes; colour and flips cannot, and ultralytics filters
             # nothing after them, so without a warp the boxes keep their count (and nothing syncs)
-            boxes = boxes.clip(size).drop_degenerate(size, self.min_box_size)
-        if boxes.boxes.device != img.device:
-            boxes = self._on(boxes, img.device)
+            boxes = self._on(boxes.clip(size).drop_degenerate(size, self.min_box_size), img.device)
         out = dict(batch)
         out.update(img=img, bboxes=boxes.boxes, cls=boxes.cls, batch_idx=boxes.batch_idx)
         return out
@@ -212,7 +209,8 @@ class DetectionGPUAugment(nn.Module):
                           None if boxes.cls is None else to_device_async(boxes.cls, device), fmt=boxes.fmt)
 
     @staticmethod
-    def _boxes(batch: Mapping, img: torch.Tensor, device: torch.device) -> BatchBoxes:
+    def _boxes(batch: Mapping, img: torch.Tensor) -> BatchBoxes:
+        """The batch's boxes where they are (none: an empty set on the images' device)."""
         bboxes = batch.get("bboxes")
         if bboxes is None:
             bboxes = img.new_zeros((0, 4), dtype=torch.float32)
@@ -225,5 +223,4 @@ class DetectionGPUAugment(nn.Module):
         cls = batch.get("cls")
         if cls is None:
             cls = bboxes.new_zeros((n, 1))
-        return BatchBoxes(to_device_async(bboxes, device), to_device_async(batch_idx, device),
-                          to_device_async(cls, device), fmt="xywhn")
+        return BatchBoxes(bboxes, batch_idx, cls, fmt="xywhn")

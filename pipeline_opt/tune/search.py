@@ -24,8 +24,8 @@ injected numbers. The rules:
   ``min_gain`` below the incumbent's pooled median replaces it, the loader as given included, and
   survives the final checks while its pooled median is no more than ``min_gain`` below the
   baseline's (equal speed within the minimum gain, a fraction of the workers' system time and page
-  faults, and a win in every interleaved H200 comparison so far). A failed candidate (raised, worker died, hung) is
-  recorded and rolled back; the search continues.
+  faults, and a win in every interleaved H200 comparison so far). A failed candidate (raised,
+  worker died, hung) is recorded and rolled back; the search continues.
 * The resource budget caps the workers the tuner may add; a candidate with no more workers than the
   loader as given (which has run with them) answers only to the shared-memory check, so flag changes
   are tried on a user's configuration even when it is over the cap.
@@ -262,8 +262,8 @@ class Search:
         given's own count, which has run already. So a candidate with no more workers than the
         baseline answers only to the shared-memory check: a flag change (shared slots, pinning,
         prefetch) on a user's 8-worker loader is still tried on an 8-core machine whose cap is 6
-        (on the H200 at 8 cores, the refused slots trial was the difference between 0.70x and
-        0.89x of the limit)."""
+        (on the H200 at 8 cores the YOLO integration read 0.70x of the limit with slots refused,
+        0.85x in the next run with them tried and kept)."""
         if self.baseline is not None and 0 < cfg.num_workers <= self.baseline.num_workers:
             return self.budget.shm_allows(cfg.num_workers, cfg.prefetch_factor)
         return self.budget.allows(cfg.num_workers, cfg.prefetch_factor)
