@@ -22,6 +22,7 @@ and the training thread's own CPU seconds per step:
                                 dataset[i] in a loop and drop the results: the workers' work
                                 (and memory traffic) without any batch delivered
     limit + GPU HSV/flip        the replayed batch through the GPU-augmenting step (no loader)
+    limit + GPU ... + affine    the same through the step that also warps (gpu_affine), no loader
     default                     ultralytics' loader (8 workers), images decoded from disk
     cache=ram                   the same loader with ultralytics' RAM image cache (no decode)
     cache=ram + GPU HSV/flip    and ultralytics' CPU HSV / flip done on the GPU (forced)
@@ -664,6 +665,10 @@ def candidates(bench: Bench, sizes: Sizes) -> list[ProbedCandidate]:
         ProbedCandidate("limit + GPU HSV/flip (fused kernel)", lambda: H.replay(batch),
                         lambda b: bench.stepper(gpu_aug().step_fn)(b), count=_count, discard=3,
                         meta={**gpu_meta, "what": "the replayed batch through the GPU-augmenting step, no loader"}),
+        ProbedCandidate("limit + GPU HSV/flip + affine", lambda: H.replay(batch),
+                        lambda b: bench.stepper(gpu_affine().step_fn)(b), count=_count, discard=3,
+                        meta={"cpu_stages_disabled": ["RandomHSV", "RandomFlip(horizontal)", "RandomPerspective"],
+                              "what": "the replayed batch through the GPU affine + HSV/flip step, no loader"}),
         ProbedCandidate(f"default (ultralytics, workers={y.default_workers})", lambda: bench.base.loader, step,
                         count=_count, on_close=_close_loader),
         ProbedCandidate("cache=ram", lambda: cached().loader, lambda b: bench.stepper(cached().step_fn)(b),

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline_opt._step import to_device_async
+from pipeline_opt._threads import single_intra_op_thread
 from pipeline_opt.transforms.boxes import BatchBoxes, box_candidates, clip_xyxy
 from pipeline_opt.transforms.fused import fused_available, hsv_flip
 
@@ -437,7 +438,9 @@ def _warp(images: torch.Tensor, params: AffineParams, fill: float) -> torch.Tens
     b, _, h_in, w_in = images.shape
     h_out, w_out = params.output_size
     device = images.device
-    inv = to_device_async(torch.linalg.inv(params.matrix.to(torch.float64)).to(torch.float32), device)
+    with single_intra_op_thread():  # a batch of 3x3 inverses: no thread pool (see pipeline_opt._threads)
+        inv = torch.linalg.inv(params.matrix.to(torch.float64)).to(torch.float32)
+    inv = to_device_async(inv, device)
     xs = torch.arange(w_out, device=device, dtype=torch.float32).view(1, 1, w_out)
     ys = torch.arange(h_out, device=device, dtype=torch.float32).view(1, h_out, 1)
 
@@ -545,13 +548,14 @@ class RandomPerspective(_RandomBatchAugment):
         out_size = self.output_size or (int(size[0]), int(size[1]))
         draw = self._uniform
         n = batch_size
-        px, py = draw(-self.perspective, self.perspective, n), draw(-self.perspective, self.perspective, n)
-        angle = draw(-self.degrees, self.degrees, n)
-        scale = draw(*self.scale_range, n)
-        shx, shy = draw(-self.shear, self.shear, n), draw(-self.shear, self.shear, n)
-        t = self.translate
-        tx, ty = draw(0.5 - t, 0.5 + t, n), draw(0.5 - t, 0.5 + t, n)
-        matrix = affine_matrices(tuple(size), out_size, angle, scale, shx, shy, tx, ty, px, py)
+        with single_intra_op_thread():  # (B,)-sized CPU tensors: no thread pool (see pipeline_opt._threads)
+            px, py = draw(-self.perspective, self.perspective, n), draw(-self.perspective, self.perspective, n)
+            angle = draw(-self.degrees, self.degrees, n)
+            scale = draw(*self.scale_range, n)
+            shx, shy = draw(-self.shear, self.shear, n), draw(-self.shear, self.shear, n)
+            t = self.translate
+            tx, ty = draw(0.5 - t, 0.5 + t, n), draw(0.5 - t, 0.5 + t, n)
+            matrix = affine_matrices(tuple(size), out_size, angle, scale, shx, shy, tx, ty, px, py)
         return AffineParams(matrix, scale, out_size, perspective=bool(self.perspective))
 
     def apply(self, images: torch.Tensor, params: AffineParams, boxes: BatchBoxes | None = None):
@@ -566,9 +570,13 @@ class RandomPerspective(_RandomBatchAugment):
         out = _warp(images, params, fill) if images.shape[0] else images
         if boxes is None:
             return out
-        in_size = (images.shape[-2], images.shape[-1])
+        with single_intra_op_thread():  # a few hundred rows, on the CPU in the steps' case
+            return out, self.apply_boxes(boxes, params, (images.shape[-2], images.shape[-1]))
+
+    def apply_boxes(self, boxes: BatchBoxes, params: AffineParams, in_size: tuple[int, int]) -> BatchBoxes:
+        """The boxes of images of ``in_size`` after the warps: transformed, clipped, filtered."""
         if len(boxes) == 0:
-            return out, boxes.with_xyxy(boxes.xyxy(in_size), params.output_size)
+            return boxes.with_xyxy(boxes.xyxy(in_size), params.output_size)
         dev, dtype = boxes.boxes.device, boxes.boxes.dtype
         idx = boxes.sample_index
         before = boxes.xyxy(in_size).to(torch.float64)
@@ -577,7 +585,7 @@ class RandomPerspective(_RandomBatchAugment):
         scaled = before * to_device_async(params.scale.to(torch.float64), dev)[idx].unsqueeze(-1)
         keep = box_candidates(scaled, after, self.wh_thr, self.ar_thr, self.area_thr)
         moved = boxes.with_xyxy(after.to(dtype), params.output_size)
-        return out, moved.select(keep)
+        return moved.select(keep)
 
 
 class RandomAffine(RandomPerspective):

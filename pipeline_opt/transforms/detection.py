@@ -37,6 +37,7 @@ from torch import nn
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import to_device_async
+from pipeline_opt._threads import single_intra_op_thread
 from pipeline_opt.transforms.augment import (
     FlipParams,
     HSVParams,
@@ -174,14 +175,16 @@ class DetectionGPUAugment(nn.Module):
             img, boxes = self.affine(img, boxes)
         n = img.shape[0]
         # the draws in ultralytics' order (HSV, vertical flip, horizontal flip), then one pass
-        hsv, ud, lr = self.hsv.sample_params(n), self.flipud.sample_params(n), self.fliplr.sample_params(n)
+        with single_intra_op_thread():  # small CPU tensors: no thread pool (see pipeline_opt._threads)
+            hsv, ud, lr = self.hsv.sample_params(n), self.flipud.sample_params(n), self.fliplr.sample_params(n)
         img = self._colour_and_flips(img, hsv, ud, lr)
-        boxes = self.flipud.apply_boxes(boxes, ud, img.shape[-2])
-        boxes = self.fliplr.apply_boxes(boxes, lr, img.shape[-1])
-        if filters:
-            # the warp crops and can empty boxes; colour and flips cannot, and ultralytics filters
-            # nothing after them, so without a warp the boxes keep their count (and nothing syncs)
-            boxes = self._on(boxes.clip(size).drop_degenerate(size, self.min_box_size), img.device)
+        with single_intra_op_thread():
+            boxes = self.flipud.apply_boxes(boxes, ud, img.shape[-2])
+            boxes = self.fliplr.apply_boxes(boxes, lr, img.shape[-1])
+            if filters:
+                # the warp crops and can empty boxes; colour and flips cannot, and ultralytics filters
+                # nothing after them, so without a warp the boxes keep their count (and nothing syncs)
+                boxes = self._on(boxes.clip(size).drop_degenerate(size, self.min_box_size), img.device)
         out = dict(batch)
         out.update(img=img, bboxes=boxes.boxes, cls=boxes.cls, batch_idx=boxes.batch_idx)
         return out
