@@ -74,6 +74,7 @@ class Sizes:
     max_seconds: float = 8.0
     warmup_s: float = 8.0  # untimed steps once per loader row before its first window
     integration_shared_slots: bool = True  # tune_yolo(shared_slots=...): let the tuner try the slots
+    integration_gpu_affine: bool = True  # build_yolo_pipeline(gpu_affine=...): the warp decided (measured) too
 
 
 QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=2, default_workers=1, restricted_cores=1,
@@ -100,10 +101,11 @@ class Bench:
         self.model = self.base.model
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
 
-    def _pipeline(self, gpu_augment: bool) -> Any:
+    def _pipeline(self, gpu_augment: bool, gpu_affine: bool = False) -> Any:
         return self.build(self.data_yaml, "yolo11n.yaml", imgsz=self.sizes.imgsz, batch=self.sizes.batch,
                           workers=self.sizes.default_workers, device=self.device, amp=self.amp,
-                          gpu_augment=gpu_augment, plots=False, close_mosaic=0, pretrained=False)
+                          gpu_augment=gpu_augment, gpu_affine=gpu_affine, plots=False, close_mosaic=0,
+                          pretrained=False)
 
     def stepper(self, step_fn: Any) -> Any:
         def step(batch: dict) -> None:
@@ -135,8 +137,9 @@ def limit_candidate(bench: Bench) -> H.Candidate:
 
 
 def integration_candidate(bench: Bench) -> H.Candidate:
-    """pipeline_opt's integration: CPU HSV/flip moved to the GPU, then the loader tuned on real steps."""
-    pipe = bench._pipeline(gpu_augment=True)
+    """pipeline_opt's integration: CPU HSV/flip (then the warp) moved to the GPU where each wins,
+    then the loader tuned on real steps."""
+    pipe = bench._pipeline(gpu_augment=True, gpu_affine=bench.sizes.integration_gpu_affine)
     budget = bench.sizes.tune_budget_s
     t0 = time.perf_counter()
     slots = bench.sizes.integration_shared_slots
@@ -145,7 +148,8 @@ def integration_candidate(bench: Bench) -> H.Candidate:
             "shared_slots_allowed": slots,
             "speedup_reported": result.speedup, "noise_reported": getattr(result, "noise", None),
             "trials": len(result.trials), "cpu_stages_disabled": list(pipe.cpu_stages_disabled),
-            "gpu_augment_decision": getattr(result, "gpu_augment", None), "trial_log": H.trial_log(result)}
+            "gpu_augment_decision": getattr(result, "gpu_augment", None),
+            "gpu_affine_decision": getattr(result, "gpu_affine", None), "trial_log": H.trial_log(result)}
     pipe.close()  # the tuner measured clones; the pipeline's own loader is not used
     return H.Candidate("integration (tuned, GPU augment if it wins)", lambda: result.loader, bench.stepper(pipe.step_fn),
                        count=_count, meta=info, on_close=_close_loader)

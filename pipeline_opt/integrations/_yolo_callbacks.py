@@ -47,9 +47,11 @@ from pipeline_opt.integrations._yolo_ddp import (
 )
 from pipeline_opt.integrations._yolo_decide import (
     FORCE,
+    WARP,
     AugmentDecision,
     AugmentSwitch,
     check_gpu_augment,
+    decide_gpu_affine,
     decide_gpu_augment,
 )
 from pipeline_opt.integrations._yolo_step import TrainerStep
@@ -73,7 +75,7 @@ class AttachOptions:
     profile: bool = True
     tune: bool = True
     gpu_augment: bool | str = True  # True: measured, kept only if faster; "force": always on
-    gpu_affine: bool = False
+    gpu_affine: bool | str = False  # True: measured after the colour/flip was kept; "force": always with it
     output_dir: str | None = None
     tune_budget_s: float = 60.0
     steps: int = 30
@@ -87,11 +89,13 @@ class AttachOptions:
 
     def __post_init__(self) -> None:
         check_gpu_augment(self.gpu_augment)
-        for name in ("profile", "tune", "gpu_affine", "sync"):
+        check_gpu_augment(self.gpu_affine, name="gpu_affine")
+        for name in ("profile", "tune", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.gpu_affine and not self.gpu_augment:
-            raise ValueError("gpu_affine=True needs gpu_augment=True (the affine runs in the GPU augmentation)")
+            raise ValueError(f"gpu_affine={self.gpu_affine!r} needs gpu_augment=True (the affine runs in the GPU "
+                             "augmentation)")
         if not isinstance(self.tune_budget_s, (int, float)) or self.tune_budget_s <= 0:
             raise ValueError(f"tune_budget_s={self.tune_budget_s!r} must be a positive number of seconds")
         for name, low in (("steps", 1), ("warmup", 0), ("trace_steps", 0)):
@@ -136,6 +140,7 @@ class _Run:
         self.root_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
         self.out_dir = self.root_dir if rank is None else self.root_dir / f"rank_{rank}"
         self.augment_votes: list[bool] | None = None
+        self.affine_votes: list[bool] | None = None
         self.notes: list[str] = []
         self.augment: GpuAugmentedPreprocess | None = None  # the wrapper built (installed only while active)
         self.switch: AugmentSwitch | None = None
@@ -210,13 +215,17 @@ class YoloIntegration:
 
     def _setup_gpu_augment(self, run: _Run) -> None:
         t = run.trainer
-        affine = self.options.gpu_affine
-        augment = build_gpu_augment(t.args, affine=affine, device=t.device)
+        opts = self.options
+        augment = build_gpu_augment(t.args, affine=bool(opts.gpu_affine), device=t.device)
+        warp_now = bool(opts.gpu_affine) and FORCE in (opts.gpu_augment, opts.gpu_affine)  # True: measured later
         run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
-        run.switch = AugmentSwitch(t.train_loader.dataset, _TrainerInstall(t, run.augment), affine=affine)
+        run.switch = AugmentSwitch(t.train_loader.dataset, _TrainerInstall(t, run.augment), affine=warp_now,
+                                   augment=augment)
         run.switch.set(True)
-        if self.options.gpu_augment == FORCE:
+        if opts.gpu_augment == FORCE:
             run.switch.decision = AugmentDecision.forced_on()
+        if warp_now:
+            run.switch.affine_decision = AugmentDecision.forced_on(WARP.subject)
         log.info("GPU augmentation on %s: %r", t.device, augment)
         # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
         for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):
@@ -239,6 +248,21 @@ class YoloIntegration:
         run.notes.append(("GPU augmentation kept: " if decision.applied else
                           "GPU augmentation not used (ultralytics' CPU augmentation is as fast or faster): ")
                          + decision.verdict)
+        if self.options.gpu_affine is True:
+            self._decide_affine(run)
+
+    def _decide_affine(self, run: _Run) -> None:
+        """With the GPU colour/flip kept: the warp on the device against the workers' warp."""
+        t = run.trainer
+        decision = decide_gpu_affine(t.train_loader, inner_model(t.model), TrainerStep(t), t.device, run.switch,
+                                     **(self.options.augment_kwargs or {}))
+        if run.rank is not None:  # every rank calls this (a collective), whatever it decided
+            everywhere, run.affine_votes = agree_on_augment(decision)
+            if decision.applied and not everywhere:
+                run.switch.set_affine(False)
+                decision = overruled(decision, run.affine_votes)
+        run.switch.affine_decision = decision
+        run.notes.append(("GPU warp kept: " if decision.applied else "GPU warp not used: ") + decision.verdict)
 
     def after_rebuild(self, run: _Run, rebuilt_loader: bool) -> None:
         """The trainer rebuilt its transforms (close_mosaic) or its whole loader (OOM retry)."""
@@ -414,8 +438,11 @@ class YoloIntegration:
                 "decision": None if run.switch.decision is None else run.switch.decision.to_dict(),
                 "augment": repr(run.augment.augment), "batches": run.augment.calls,
                 "cpu_stages_disabled": run.disabled,
-                "cpu_stages_still_active": active_cpu_stages(dataset, affine=self.options.gpu_affine)
+                "cpu_stages_still_active": active_cpu_stages(dataset, affine=run.switch.affine)
                 if dataset is not None else [],
+                "affine": {"applied": run.switch.active and run.switch.affine,
+                           "decision": None if run.switch.affine_decision is None
+                           else run.switch.affine_decision.to_dict()},
             },
             "tuning": run.tunes,
             "profile": None if run.report is None else {"steps": len(run.report.steps),
@@ -424,7 +451,8 @@ class YoloIntegration:
                                                         "saved": str(run.out_dir if run.rank is None
                                                                      else run.root_dir)},
             "ddp": None if run.rank is None else {"rank": run.rank, "world_size": int(t.world_size),
-                                                  "gpu_augment_votes": run.augment_votes},
+                                                  "gpu_augment_votes": run.augment_votes,
+                                                  "gpu_affine_votes": run.affine_votes},
             "notes": run.notes,
         }
 

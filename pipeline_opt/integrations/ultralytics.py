@@ -82,7 +82,7 @@ def attach(
     *,
     warmup: int = 5,
     workers: int | None = None,
-    gpu_affine: bool = False,
+    gpu_affine: bool | str = False,
     retune_epoch: int | None = None,
     sync: bool = True,
     tune_kwargs: dict[str, Any] | None = None,
@@ -100,14 +100,18 @@ def attach(
             real trainer steps (forward, loss, backward with the trainer's AMP; never the optimizer;
             the model restored bitwise) and rebuild ``trainer.train_loader`` with the winner.
         gpu_augment: consider silencing the dataset's CPU RandomHSV / RandomFlip and applying them
-            on the device in ``preprocess_batch`` with the run's own hyperparameters
-            (``gpu_affine=True`` moves the RandomPerspective gains too; the CPU then only
-            centre-crops the Mosaic canvas; on the H200 YOLO11n pipeline that read 0.84x the
-            colour/flip-only augmentation, 723 against 864 img/s, so it stays off by default).
-            ``True``: both are measured on real trainer steps, interleaved A B A B, before tuning; the GPU augmentation is kept only when its median
-            gain beats ``max(noise, 3%)``, otherwise the CPU stages stay and ``preprocess_batch``
-            is left unwrapped (the verdict, both throughputs and the noise are logged and saved in
-            ``integration.json``). ``"force"``: applied without measuring. ``False``: never.
+            on the device in ``preprocess_batch`` with the run's own hyperparameters.
+            ``True``: both are measured on real trainer steps, interleaved A B A B, before tuning;
+            the GPU augmentation is kept only when its median gain beats ``max(noise, 3%)``,
+            otherwise the CPU stages stay and ``preprocess_batch`` is left unwrapped (the verdict,
+            both throughputs and the noise are logged and saved in ``integration.json``).
+            ``"force"``: applied without measuring. ``False``: never.
+        gpu_affine: RandomPerspective's warp on the device too (the workers then only crop the
+            Mosaic canvas). ``True``: once the colour/flip is kept, colour/flip alone and colour/flip
+            + warp are measured the same way and the warp moves only if it wins; ``"force"`` (or
+            ``gpu_augment="force"``): with the GPU augmentation, unmeasured. On the H200 YOLO11n
+            pipeline it read 1.18x the colour/flip alone at 8 cores (the workers were the
+            bottleneck) and 0.90-1.06x at 16; off by default (the extra decision costs ~30 s).
         output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
         tune_budget_s: tuning time budget in seconds.
         steps, warmup: the profile window; trace_steps: training steps torch.profiler records after
@@ -119,7 +123,8 @@ def attach(
         tune_kwargs: further arguments for :func:`pipeline_opt.autotune` (``max_workers``,
             ``min_gain``, ``seed``, ``profiler``, ...).
         augment_kwargs: further arguments for :func:`decide_gpu_augment` (``rounds``, ``windows``,
-            ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``).
+            ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``); the warp's
+            decision takes the same.
 
     Multi-GPU: with ultralytics' own DDP launch (``device="0,1"``) the callbacks travel to every
     rank (ultralytics pickles them with cloudpickle, part of the ``yolo`` extra); each rank measures

@@ -88,6 +88,9 @@ class DetectionGPUAugment(nn.Module):
             the device are filtered there (the host waits once per mask).
         seed: makes the draws reproducible (one CPU generator shared by the stages).
 
+    ``warp_enabled`` (default True) turns the warp off and on without rebuilding the module: the
+    integration measures colour/flip alone against colour/flip + warp with one module.
+
     On CUDA with Triton, HSV and both flips run as one fused kernel
     (:mod:`pipeline_opt.transforms.fused`), bit-identical to the separate modules.
     """
@@ -119,6 +122,12 @@ class DetectionGPUAugment(nn.Module):
         if float(min_box_size) < 0:
             raise ValueError(f"min_box_size={min_box_size!r} must be >= 0")
         self.min_box_size = float(min_box_size)
+        self.warp_enabled = True
+
+    @property
+    def warps(self) -> bool:
+        """Whether a call warps the images (a non-identity affine range, and ``warp_enabled``)."""
+        return self.warp_enabled and not self.affine.is_identity
 
     @classmethod
     def from_hyp(
@@ -144,7 +153,7 @@ class DetectionGPUAugment(nn.Module):
         return cls(**values, seed=seed, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"min_box_size={self.min_box_size}"
+        return f"min_box_size={self.min_box_size}, warp_enabled={self.warp_enabled}"
 
     def forward(self, batch: dict) -> dict:
         """Augment ``batch`` (not modified in place); return a new dict with the augmented entries."""
@@ -155,7 +164,8 @@ class DetectionGPUAugment(nn.Module):
             raise ValueError(
                 f"batch['img'] must be a (B, C, H, W) tensor, got {getattr(img, 'shape', type(img))}"
             )
-        geometric = not self.affine.is_identity or self.fliplr.p > 0 or self.flipud.p > 0
+        warped = self.warps
+        geometric = warped or self.fliplr.p > 0 or self.flipud.p > 0
         present = [k for k in _GEOMETRIC_KEYS if k in batch]
         if geometric and present:
             raise ValueError(
@@ -163,7 +173,6 @@ class DetectionGPUAugment(nn.Module):
                 "keep geometric augmentation on the CPU for segmentation/pose (fliplr=flipud=0, affine=False)"
             )
         size = (img.shape[-2], img.shape[-1])
-        warped = not self.affine.is_identity
         filters = warped or self.min_box_size > 0
         # Filtering selects rows by a mask, and on the GPU every mask makes the host wait for the
         # device. Boxes that arrive on the CPU (the step moves only the images before augmenting)

@@ -109,3 +109,41 @@ def test_perf_bench_exits_zero_after_the_fixed_profile(yolo_data, tmp_path, monk
     assert gpu["decision"]["gpu_throughput"] > 0 and gpu["applied"] is gpu["decision"]["applied"]
     assert gpu["cpu_stages_still_active"] == ([] if gpu["applied"] else CPU_STAGES)
     assert no_network == []
+
+
+class WarpMeasure:
+    """``measure_throughput`` stand-in for both trainer decisions: CPU stages, GPU colour/flip, + warp."""
+
+    def __init__(self, cpu: float, colour: float, warp: float) -> None:
+        self.rates = {"cpu": cpu, "colour": colour, "warp": warp}
+        self.seen: list[str] = []
+
+    def __call__(self, loader, model, step_fn, device, *, windows, steps, warmup, deadline, seed):
+        wrapper = step_fn.trainer.preprocess_batch
+        state = "cpu" if not isinstance(wrapper, GpuAugmentedPreprocess) else (
+            "warp" if wrapper.augment.warps else "colour")
+        on_cpu = active_cpu_stages(loader.dataset, affine=True)
+        assert ("RandomPerspective" in on_cpu) == (state != "warp")  # the workers warp unless the device does
+        self.seen.append(state)
+        r = self.rates[state]
+        return Measurement(windows=(0.99 * r, r, 1.01 * r), steps_per_window=steps, batch_size=4, startup_s=0.0,
+                           elapsed_s=0.0)
+
+
+def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train_args):
+    model = YOLO("yolo11n.yaml")
+    wins = WarpMeasure(cpu=100.0, colour=130.0, warp=160.0)
+    integration = attach(model, profile=False, tune=False, gpu_affine=True, augment_kwargs={"measure": wins})
+    model.train(data=str(yolo_data), project=str(tmp_path), name="warp", **train_args)
+
+    trainer, run = model.trainer, integration.run
+    assert wins.seen == ["cpu", "colour", "cpu", "colour", "colour", "warp", "colour", "warp"]
+    assert isinstance(trainer.preprocess_batch, GpuAugmentedPreprocess) and run.augment.augment.warps
+    assert active_cpu_stages(trainer.train_loader.dataset, affine=True) == []
+    assert run.augment.calls >= len(trainer.train_loader)  # trained through the warping step
+    assert trainer.args.degrees == 0.0 and trainer.args.translate == pytest.approx(0.1)  # args untouched
+    summary = json.loads((trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
+    affine = summary["gpu_augment"]["affine"]
+    assert affine["applied"] is True and affine["decision"]["subject"] == "gpu_affine"
+    assert affine["decision"]["gpu_throughput"] == pytest.approx(160.0)
+    assert any(n.startswith("GPU warp kept") for n in summary["notes"])
