@@ -34,7 +34,12 @@ from pipeline_opt.integrations._yolo_augment import (
 )
 from pipeline_opt.integrations._yolo_callbacks import AttachOptions, YoloIntegration
 from pipeline_opt.integrations._yolo_cli import cli_main
-from pipeline_opt.integrations._yolo_decide import AugmentDecision, AugmentSwitch, decide_gpu_augment
+from pipeline_opt.integrations._yolo_decide import (
+    AugmentDecision,
+    AugmentSwitch,
+    decide_gpu_affine,
+    decide_gpu_augment,
+)
 from pipeline_opt.integrations._yolo_env import prepare_offline_env
 from pipeline_opt.integrations._yolo_pipeline import (
     YoloPipeline,
@@ -61,6 +66,7 @@ __all__ = [
     "attach",
     "build_yolo_pipeline",
     "cli_main",
+    "decide_gpu_affine",
     "decide_gpu_augment",
     "decide_yolo_augment",
     "disable_cpu_augment",
