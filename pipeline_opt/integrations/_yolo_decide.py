@@ -305,10 +305,14 @@ def decide_gpu_affine(
 
     The warp moves to the device only when it wins beyond ``max(noise, 3%)``; otherwise the
     workers' ``RandomPerspective`` is restored. Not measured (``applied=False``) when the GPU
-    augmentation is off: the warp runs in the same step, after the colour/flip's decision.
+    augmentation is off (the warp runs in the same step, after the colour/flip's decision) or
+    when the run's affine ranges are all 0.
     """
     if not switch.active:
         return AugmentDecision.not_tried(WARP.subject, "the GPU colour/flip augmentation is not in use")
+    warp = getattr(switch.augment, "affine", None)
+    if warp is not None and warp.is_identity:
+        return AugmentDecision.not_tried(WARP.subject, "the run's RandomPerspective ranges are all 0 (nothing to warp)")
     return decide_gpu_augment(loader, model, step_fn, device, _WarpToggle(switch), sides=WARP, **kwargs)
 
 

@@ -117,6 +117,19 @@ def test_a_failing_warp_trial_keeps_the_colour_and_gives_the_warp_back(pipe):
     assert active_cpu_stages(pipe.dataset, affine=True) == ["RandomPerspective"]
 
 
+def test_no_warp_to_measure_when_the_affine_ranges_are_zero(yolo_data):
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", gpu_augment=True,
+                               gpu_affine=True, degrees=0.0, translate=0.0, scale=0.0, shear=0.0, perspective=0.0)
+    try:
+        fake = ThreeWayMeasure(pipe.dataset, cpu=100.0, colour=130.0, warp=500.0)
+        decide_yolo_augment(pipe, measure=fake)
+        assert [s for s, _ in fake.seen] == ["cpu", "colour", "cpu", "colour"]
+        assert not pipe.affine_decision.applied and "ranges are all 0" in pipe.affine_decision.verdict
+        assert pipe.gpu_augment_active and not pipe.gpu_affine_active
+    finally:
+        pipe.close()
+
+
 def test_forced_warp_is_part_of_the_measured_colour_decision(yolo_data):
     pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", gpu_augment=True,
                                gpu_affine="force")
