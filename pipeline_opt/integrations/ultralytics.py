@@ -117,7 +117,8 @@ def attach(
             + warp are measured the same way and the warp moves only if it wins; ``"force"`` (or
             ``gpu_augment="force"``): with the GPU augmentation, unmeasured. On the H200 YOLO11n
             pipeline it read 1.18x the colour/flip alone at 8 cores (the workers were the
-            bottleneck) and 0.90-1.06x at 16; off by default (the extra decision costs ~30 s).
+            bottleneck) and 0.90-1.06x at 16; off by default (the extra decision takes as
+            long as the colour one, ~45 s in ``bench_yolo``).
         output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
         tune_budget_s: tuning time budget in seconds.
         steps, warmup: the profile window; trace_steps: training steps torch.profiler records after
