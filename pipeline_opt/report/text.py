@@ -140,6 +140,11 @@ def _ops_grid(ops: Sequence[Mapping[str, Any]]) -> str:
     return grid(["op", "calls", "self CPU ms", "self CUDA ms"], rows)
 
 
+# The tuner's own knobs as a loader runs before any tuning (what its loader_config does not list):
+# a config holding these values changed nothing.
+_AS_GIVEN: dict[str, Any] = {"gpu_transforms": [], "decode": "pil", "draft_decode": False, "shared_slots": False}
+
+
 def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None = None,
                        original_config: Mapping[str, Any] | None = None) -> str:
     """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings."""
@@ -166,9 +171,9 @@ def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None
         out.append("")
         out.append("  settings:")
         kw = max(len(str(k)) for k in config)
-        ow = max(len(_short(original.get(k, "-"))) for k in config)
+        ow = max(len(_short(original.get(k, _AS_GIVEN.get(k, "-")))) for k in config)
         for k, v in config.items():
-            old = original.get(k, "-")
+            old = original.get(k, _AS_GIVEN.get(k, "-"))
             mark = "" if old == v else "   (changed)"
             out.append(f"    {k:<{kw}}  {_short(old):<{ow}} -> {_short(v)}{mark}")
     return "\n".join(out)

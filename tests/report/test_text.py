@@ -88,3 +88,11 @@ def test_many_transforms_are_folded_into_others():
     assert "T5 ms" in text and "T6 ms" not in text and "3 others ms" in text
     row = [line for line in text.splitlines() if "1000" in line][0].split()
     assert row[-1] == f"{(4 + 3 + 2):.2f}"  # T6..T8: 4 + 3 + 2 ms
+
+
+def test_tuner_knobs_left_off_are_not_marked_changed():
+    config = {"num_workers": 2, "gpu_transforms": [], "decode": "pil", "draft_decode": False, "shared_slots": True}
+    text = before_after_table(make_profile(200.0), make_profile(500.0), config)
+    assert re.search(r"gpu_transforms +\[\] +-> \[\]$", text, re.M)
+    assert re.search(r"decode +pil +-> pil$", text, re.M) and re.search(r"draft_decode +False +-> False$", text, re.M)
+    assert re.search(r"shared_slots +False +-> True   \(changed\)", text)
