@@ -46,10 +46,8 @@ from pipeline_opt.integrations._yolo_ddp import (
     write_combined_profile,
 )
 from pipeline_opt.integrations._yolo_decide import (
-    FORCE,
-    WARP,
-    AugmentDecision,
     AugmentSwitch,
+    candidate_switch,
     check_gpu_augment,
     decide_gpu_affine,
     decide_gpu_augment,
@@ -217,15 +215,9 @@ class YoloIntegration:
         t = run.trainer
         opts = self.options
         augment = build_gpu_augment(t.args, affine=bool(opts.gpu_affine), device=t.device)
-        warp_now = bool(opts.gpu_affine) and FORCE in (opts.gpu_augment, opts.gpu_affine)  # True: measured later
         run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
-        run.switch = AugmentSwitch(t.train_loader.dataset, _TrainerInstall(t, run.augment), affine=warp_now,
-                                   augment=augment)
-        run.switch.set(True)
-        if opts.gpu_augment == FORCE:
-            run.switch.decision = AugmentDecision.forced_on()
-        if warp_now:
-            run.switch.affine_decision = AugmentDecision.forced_on(WARP.subject)
+        run.switch = candidate_switch(t.train_loader.dataset, _TrainerInstall(t, run.augment), augment,
+                                      opts.gpu_augment, opts.gpu_affine)
         log.info("GPU augmentation on %s: %r", t.device, augment)
         # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
         for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):

@@ -175,6 +175,25 @@ class AugmentDecision:
                    verdict=f"{subject} not tried: {why}", subject=subject)
 
 
+def candidate_switch(dataset: Any, install: Callable[[bool], None], augment: Any, gpu_augment: bool | str,
+                     gpu_affine: bool | str) -> AugmentSwitch:
+    """The switch of a freshly built GPU augmentation, turned on.
+
+    The colour/flip is on: a candidate until :func:`decide_gpu_augment` measured it, or for good
+    with ``gpu_augment="force"``. The warp is on only when forced (``gpu_affine="force"`` or
+    ``gpu_augment="force"``); with ``gpu_affine=True`` the workers keep it until
+    :func:`decide_gpu_affine` measured it. Forced parts get a forced decision recorded.
+    """
+    warp_now = bool(gpu_affine) and FORCE in (gpu_augment, gpu_affine)
+    switch = AugmentSwitch(dataset, install, affine=warp_now, augment=augment)
+    switch.set(True)
+    if gpu_augment == FORCE:
+        switch.decision = AugmentDecision.forced_on()
+    if warp_now:
+        switch.affine_decision = AugmentDecision.forced_on(WARP.subject)
+    return switch
+
+
 def _pooled(measurements: list[Measurement]) -> tuple[float, tuple[float, ...]]:
     windows = tuple(w for m in measurements for w in m.windows)
     return (float(statistics.median(windows)) if windows else 0.0), windows

@@ -18,10 +18,9 @@ import torch
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_augment import build_gpu_augment
 from pipeline_opt.integrations._yolo_decide import (
-    FORCE,
-    WARP,
     AugmentDecision,
     AugmentSwitch,
+    candidate_switch,
     check_gpu_augment,
     decide_gpu_affine,
     decide_gpu_augment,
@@ -168,13 +167,7 @@ def build_yolo_pipeline(
     augment, switch = None, None
     if gpu_augment:
         augment = build_gpu_augment(cfg, affine=bool(gpu_affine), device=dev)
-        warp_now = bool(gpu_affine) and FORCE in (gpu_augment, gpu_affine)  # True: off until measured
-        switch = AugmentSwitch(dataset, _StepInstall(step, augment), affine=warp_now, augment=augment)
-        switch.set(True)  # a candidate until tune_yolo measured it; "force": for good
-        if gpu_augment == FORCE:
-            switch.decision = AugmentDecision.forced_on()
-        if warp_now:
-            switch.affine_decision = AugmentDecision.forced_on(WARP.subject)
+        switch = candidate_switch(dataset, _StepInstall(step, augment), augment, gpu_augment, gpu_affine)
     log.info("YOLO pipeline: %s at %d px, batch %d, %d workers, %s on %s%s", model_cfg, cfg.imgsz, batch,
              loader.num_workers, amp, dev,
              f", GPU augmentation ({', '.join(switch.disabled.names)})" if switch is not None else "")
