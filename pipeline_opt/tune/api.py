@@ -224,7 +224,7 @@ def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: fl
         return None
     return Measurement(windows=windows, steps_per_window=per_window,
                        batch_size=report.batch_size or steps[0].samples, startup_s=0.0, elapsed_s=elapsed_s,
-                       compute_s=_compute_s(report))
+                       compute_s=_compute_s(report), from_profile=True)
 
 
 def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,

@@ -42,6 +42,7 @@ class Measurement:
     startup_s: float  # from creating the iterator to the first batch
     elapsed_s: float  # the whole trial, shutdown included
     compute_s: float = 0.0  # median synchronised seconds inside step_fn, over the discarded warm-up steps
+    from_profile: bool = False  # windows of a profile's steps, not of a trial (see Search.evidence)
 
     @property
     def median(self) -> float:

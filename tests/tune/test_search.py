@@ -377,3 +377,26 @@ def test_builder_makes_a_slot_device_loader():
     with pytest.raises(ValueError, match="shared_slots"):
         CandidateBuilder(_dataloader(), torch.device("cpu"), nvjpeg=object()).build(
             LoaderConfig(2, decode="nvjpeg", shared_slots=True))
+
+
+def test_a_profile_reading_above_the_trials_neither_sets_the_noise_nor_the_baseline():
+    # the H200 8-core trace: the baseline's profile read 703/s, its trials ~440/s; a candidate at
+    # +15% over the trials must be kept, not lost inside a ±45% "noise" made of the profile's bias
+    base, cand = LoaderConfig(8), LoaderConfig(6)
+    s, ev = _search(lambda c: 506.0 if c == cand else 440.0)
+    profiled = Measurement(windows=(703.0,), steps_per_window=8, batch_size=64, startup_s=0.0, elapsed_s=5.0,
+                           from_profile=True)
+    s.start(base, profiled)
+    assert s.median(base) == 703.0 and s.evidence(base) == [profiled]  # no trial yet: the profile stands in
+    s.calibrate(cand, "guess")
+    assert s.noise < 0.05  # the trials' own spread and repeats, not (703 - 440) / mean
+    assert s.median(base) == pytest.approx(440.0) and all(not m.from_profile for m in s.evidence(base))
+    assert s.history[base][0] is profiled  # still recorded, only not counted
+    s.confirm()
+    assert s.outcome().best == cand
+    assert s.trials[0].reason.endswith("(windows of its profile)")
+
+
+def test_a_measurement_from_a_trial_is_not_marked_as_a_profile():
+    m = Measurement(windows=(1.0,), steps_per_window=1, batch_size=1, startup_s=0.0, elapsed_s=0.0)
+    assert not m.from_profile
