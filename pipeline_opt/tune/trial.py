@@ -20,7 +20,8 @@ from pipeline_opt.tune.measure import Measurement, measure_throughput
 class TrialRunner:
     """Implements :class:`pipeline_opt.tune.search.Evaluator` on real loaders.
 
-    Each trial discards ``max(warmup, num_workers)`` batches, then runs ``windows`` windows of about
+    Each trial discards ``max(warmup, num_workers)`` batches (a shared-slots candidate: every slot's
+    first batch, :func:`pipeline_opt.tune.timing.slot_first_use_batches`), then runs ``windows`` windows of about
     ``window_s`` seconds (at least ``min_steps`` steps and one step per worker), sized from the
     candidate's *predicted* step time (:mod:`pipeline_opt.tune.timing`): Little's law applied to the
     measured configuration closest to the candidate, so a slow baseline does not make every trial
@@ -62,12 +63,18 @@ class TrialRunner:
         return timing.steps_per_window(self.predict_step_s(cfg, step_s), cfg.num_workers, window_s=self.window_s,
                                        min_steps=self.min_steps, max_steps=self.max_steps)
 
+    def warmup_for(self, cfg: LoaderConfig) -> int:
+        """Batches ``cfg``'s trial discards on top of the workers' first burst (see the class docstring)."""
+        if cfg.shared_slots and cfg.num_workers:
+            return max(self.warmup, timing.slot_first_use_batches(cfg.num_workers, cfg.prefetch_factor))
+        return self.warmup
+
     def measure(self, cfg: LoaderConfig, deadline: float, step_s: float) -> Measurement:
         with warnings.catch_warnings():  # the measured budget, not torch's core-count rule, bounds the workers
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             loader = self.builder.build(cfg, trial=True)
         m = measure_throughput(loader, self.model, self.step_fn, self.device, windows=self.windows,
-                               steps=self.steps_for(cfg, step_s), warmup=self.warmup, deadline=deadline,
+                               steps=self.steps_for(cfg, step_s), warmup=self.warmup_for(cfg), deadline=deadline,
                                seed=self.seed)
         self.remember(cfg, m)
         return m
@@ -77,4 +84,4 @@ class TrialRunner:
         pred = self.predict_step_s(cfg, step_s)
         first = pred * timing.effective_workers(cfg.num_workers, self.usable_cpus)
         return timing.trial_seconds(pred, cfg.num_workers, windows=self.windows, steps=self.steps_for(cfg, step_s),
-                                    warmup=self.warmup, first_batch_s=first)
+                                    warmup=self.warmup_for(cfg), first_batch_s=first)

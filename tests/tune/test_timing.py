@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.candidates import LoaderConfig
@@ -109,3 +111,20 @@ def test_whole_rounds_rounds_up_to_a_multiple_of_the_workers(steps, workers, exp
 def test_whole_rounds_rejects_an_empty_window():
     with pytest.raises(ValueError, match="steps=0"):
         timing.whole_rounds(0, 4)
+
+
+def test_a_shared_slots_trial_discards_every_slots_first_batch_and_is_priced_for_it():
+    from pipeline_opt.shared_slots import slot_loader
+    from pipeline_opt.tune.trial import TrialRunner
+
+    assert timing.slot_first_use_batches(8, 4) == 48  # 8 workers x (4 prefetched + 2)
+    assert timing.slot_first_use_batches(0, None) == 0
+    loader = DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2, num_workers=3, prefetch_factor=4)
+    pool = slot_loader(loader).collate_fn.pool  # the pool the tuner's slot candidates get
+    assert timing.slot_first_use_batches(3, 4) == pool.num_workers * pool.slots_per_worker
+
+    runner = TrialRunner(builder=None, model=None, step_fn=None, device=None, initial_step_s=0.08, warmup=2)
+    plain, slots = LoaderConfig(8, prefetch_factor=4), LoaderConfig(8, prefetch_factor=4, shared_slots=True)
+    assert runner.warmup_for(plain) == 2 and runner.warmup_for(slots) == 48
+    assert runner.estimate_s(slots, 0.08) - runner.estimate_s(plain, 0.08) == pytest.approx(
+        timing.ESTIMATE_MARGIN * 40 * 0.08, rel=0.01)  # 48 discarded batches instead of the 8 of the burst
