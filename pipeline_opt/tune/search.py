@@ -31,7 +31,11 @@ injected numbers. The rules:
   loader as given (which has run with them) answers only to the shared-memory check, so flag changes
   are tried on a user's configuration even when it is over the cap.
 * Before returning, the winner and the baseline are measured once more; unless the winner's pooled
-  median still beats the baseline's beyond the (updated) noise, the baseline is returned.
+  median still beats the baseline's beyond the (updated) noise, the search falls back along the
+  incumbents it kept, latest first, to the first that holds up against the baseline by the same
+  pooled rules (a gain beyond the noise, or the shared-slots tie), and to the baseline when none
+  does: a winner reached by two chained tie rules (shared slots, then fewer workers) that fails
+  the check must not also undo the step that held on its own.
 * A *clear* win (a gain over the baseline above ``max(CLEAR_GAIN, 5 x threshold)``, e.g. 8x for a
   data-bound loader) skips the baseline's repeats and the final re-check: no plausible noise flips
   it, and on a slow baseline those repeats would cost a large share of the budget. The winner is
@@ -152,6 +156,7 @@ class Search:
         self.noise = 0.0
         self.baseline: LoaderConfig | None = None
         self.incumbent: LoaderConfig | None = None
+        self.kept: list[LoaderConfig] = []  # every incumbent, in the order the search made them so
         self.out_of_time = False
 
     # ------------------------------------------------------------------ evidence
@@ -258,7 +263,8 @@ class Search:
 
         ``measured`` (e.g. windows of the baseline's profile) is used instead of a new trial.
         """
-        self.baseline = self.incumbent = baseline
+        self.baseline = baseline
+        self._make_incumbent(baseline)
         if measured is not None and measured.windows:
             self.history.setdefault(baseline, []).append(measured)
             m, why = measured, "baseline: the loader as given (windows of its profile)"
@@ -307,8 +313,14 @@ class Search:
         tail = f"kept over {incumbent.label()}" if ok else f"rolled back to {incumbent.label()}"
         self._record(cfg, m, ok, f"{why}: {verdict}; {tail}")
         if ok:
-            self.incumbent = cfg
+            self._make_incumbent(cfg)
         return ok
+
+    def _make_incumbent(self, cfg: LoaderConfig) -> None:
+        self.incumbent = cfg
+        if cfg in self.kept:
+            self.kept.remove(cfg)
+        self.kept.append(cfg)
 
     def _ties_with_fewer_workers(self, cfg: LoaderConfig, m: Measurement, incumbent: LoaderConfig) -> bool:
         """The tie rule: a candidate that differs from a tuner-chosen incumbent only by fewer workers
@@ -320,11 +332,36 @@ class Search:
                 and cfg == incumbent.with_(num_workers=cfg.num_workers)
                 and m.median >= self.median(incumbent))
 
-    def _slots_tie_with_baseline(self) -> bool:
-        """The shared-slots tie rule against the loader as given: the incumbent only adds shared slots
-        to it and its pooled median is not below the baseline's."""
-        return (adds_shared_slots(self.incumbent, self.baseline)
-                and self._slots_tie(self.median(self.incumbent), self.median(self.baseline)))
+    def _slots_tie_with_baseline(self, cfg: LoaderConfig | None = None) -> bool:
+        """The shared-slots tie rule against the loader as given: ``cfg`` (the incumbent by default)
+        only adds shared slots to it and its pooled median is no more than ``min_gain`` below the
+        baseline's."""
+        cfg = self.incumbent if cfg is None else cfg
+        return (adds_shared_slots(cfg, self.baseline)
+                and self._slots_tie(self.median(cfg), self.median(self.baseline)))
+
+    def _holds_against_baseline(self, cfg: LoaderConfig) -> bool:
+        """Whether ``cfg`` may be returned instead of the baseline: its pooled median beats the
+        baseline's beyond the noise, or it ties on the shared-slots rule."""
+        ok, _ = accept(self.median(cfg), self.median(self.baseline), self.noise, self.min_gain)
+        return ok or self._slots_tie_with_baseline(cfg)
+
+    def _fall_back(self, loser: LoaderConfig, verdict: str, check: str) -> None:
+        """``loser`` failed ``check`` against the baseline: the incumbent becomes the latest earlier
+        incumbent that still holds up against the baseline (:meth:`_holds_against_baseline`), else
+        the baseline. On an H200 at 8 cores the tuner kept shared slots on a tie, then two workers
+        fewer on a second tie; the latter failed the final check and, without this, took the slots
+        (+15.7% in that run's pooled medians) back out with it."""
+        earlier = [c for c in reversed(self.kept) if c not in (loser, self.baseline)]
+        target = next((c for c in earlier if self._holds_against_baseline(c)), self.baseline)
+        self.incumbent = target
+        if target == self.baseline:
+            tail = "returning the original settings"
+        else:
+            gain = self.median(target) / max(self.median(self.baseline), 1e-12)
+            tail = (f"falling back to {target.label()}, kept earlier and still holding up against the baseline "
+                    f"({gain:.2f}x pooled)")
+        self._record(loser, None, False, f"{check}: {verdict}; {tail}", status="skipped")
 
     def _slots_tie(self, slots_median: float, reference_median: float) -> bool:
         """Shared slots tie when they measure no more than ``min_gain`` below the reference: in 12 of
@@ -362,7 +399,9 @@ class Search:
             return
         ok, verdict = accept(self.median(guess), self.median(base), self.noise, self.min_gain)
         if ok != (self.incumbent == guess):
-            self.incumbent = guess if ok else base
+            self._make_incumbent(guess if ok else base)
+            if not ok:  # rejected on the pooled evidence: no later fall-back may bring it back
+                self.kept.remove(guess)
             self._record(guess, None, ok, f"pooled A B A B decision: {verdict}; incumbent is now "
                          f"{self.incumbent.label()}", status="skipped")
 
@@ -413,10 +452,7 @@ class Search:
             ok, verdict = False, f"the re-measured winner ({fresh_best:,.1f}/s) is not faster than the baseline " \
                 f"({fresh_base:,.1f}/s)"
         if not ok:
-            loser = self.incumbent
-            self.incumbent = self.baseline
-            self._record(loser, None, False, f"final check against the baseline: {verdict}; "
-                         "returning the original settings", status="skipped")
+            self._fall_back(self.incumbent, verdict, "final check against the baseline")
 
     def outcome(self) -> SearchOutcome:
         """The decision. A winner whose pooled gain over the baseline no longer beats the (final)
@@ -424,9 +460,7 @@ class Search:
         if self.incumbent != self.baseline:
             ok, verdict = accept(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
             if not ok and not self._slots_tie_with_baseline():
-                loser, self.incumbent = self.incumbent, self.baseline
-                self._record(loser, None, False, f"pooled against the baseline: {verdict}; returning the original "
-                             "settings", status="skipped")
+                self._fall_back(self.incumbent, verdict, "pooled against the baseline")
         best, base = self.incumbent, self.baseline
         if best == base:
             verdict = "nothing beat the loader as given beyond the noise; the original settings are returned"

@@ -312,6 +312,56 @@ def test_a_slots_tie_survives_the_final_check_only_while_not_slower_than_the_bas
     assert s.outcome().best == base
 
 
+def _two_tie_search(base_rates):
+    """Slots tie with the 8-worker baseline, then 6 workers tie with the slots, then measure slower
+    in the final check (the chain seen on the H200 at 8 cores)."""
+    base_seq, six = list(base_rates), {"n": 0}
+
+    def rate(cfg):
+        if not cfg.shared_slots:
+            return base_seq.pop(0) if len(base_seq) > 1 else base_seq[0]
+        if cfg.num_workers == 8:
+            return 101.0
+        six["n"] += 1
+        return 102.0 if six["n"] == 1 else 90.0
+
+    s, _ = _search(rate)
+    s.start(LoaderConfig(8))
+    assert s.consider(LoaderConfig(8, shared_slots=True), "slots")
+    assert s.consider(LoaderConfig(6, shared_slots=True), "num_workers 8 -> 6")  # the fewer-workers tie
+    s.confirm()
+    return s, s.outcome()
+
+
+def test_a_winner_failing_the_final_check_falls_back_to_the_earlier_step_that_still_holds():
+    s, out = _two_tie_search([100.0])
+    assert out.best == LoaderConfig(8, shared_slots=True)
+    fell = [t for t in out.trials if t.status == "skipped" and "final check" in t.reason]
+    assert len(fell) == 1 and "falling back to workers=8" in fell[0].reason and "1.01x pooled" in fell[0].reason
+    assert "shared-slots tie rule" in out.verdict
+
+
+def test_the_fall_back_ends_at_the_baseline_when_no_earlier_step_holds():
+    s, out = _two_tie_search([100.0, 112.0])  # the baseline re-measures 12% faster: the slots no longer tie
+    assert out.best == LoaderConfig(8)
+    assert any("returning the original settings" in t.reason for t in out.trials)
+
+
+def test_a_guess_rejected_on_pooled_evidence_is_not_a_fall_back_target():
+    seen = {"n": 0}
+
+    def rate(cfg):  # the guess reads +10% once, then -10%: pooled, no gain
+        if cfg.num_workers == 8:
+            seen["n"] += 1
+            return 110.0 if seen["n"] == 1 else 90.0
+        return 100.0
+
+    s, _ = _search(rate)
+    s.start(LoaderConfig(4))
+    s.calibrate(LoaderConfig(8), "first guess")
+    assert s.incumbent == LoaderConfig(4) and LoaderConfig(8) not in s.kept
+
+
 def test_the_slots_tie_rule_needs_slots_to_be_the_only_change():
     s, _ = _search(lambda c: 100.0)
     s.start(LoaderConfig(4))
