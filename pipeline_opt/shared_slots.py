@@ -62,6 +62,7 @@ ALIGN = 64  # every tensor packed into a slot starts at a multiple of this
 PACK_RESERVE_MIN = 256 * 1024  # room in a slot beyond its image for the batch's other tensors
 LOCK_TIMEOUT_S = 1.0
 DEFAULT_EXTRA_SLOTS = 2  # beyond prefetch_factor: the batch being copied and the one before it
+_MAX_COLLATE_DEPTH = 8  # collate wrappers looked through for a SlotCollate
 
 # counters per worker (columns of SlotPool.counters)
 _SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED, _BY_REF, _FETCH_NS, _COLLATE_NS = range(7)
@@ -463,7 +464,7 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
 
     if not isinstance(loader, DataLoader):
         raise TypeError(f"shared slots need a torch DataLoader, got {type(loader).__name__}")
-    if isinstance(loader.collate_fn, SlotCollate):
+    if slot_collate_of(loader) is not None:
         raise ValueError("this loader already delivers through shared slots; pass it as it is")
     cfg = {**loader_config(loader), **overrides}
     workers = int(cfg.get("num_workers") or 0)
@@ -476,10 +477,28 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
     return clone_loader(loader, **overrides)
 
 
+def slot_collate_of(loader: Any) -> SlotCollate | None:
+    """The :class:`SlotCollate` of a loader made by :func:`slot_loader` (also under collate wrappers
+    that keep the function they wrap in ``.collate_fn``, e.g. the worker profiler's), else None."""
+    collate = getattr(loader, "collate_fn", None)
+    for _ in range(_MAX_COLLATE_DEPTH):
+        if collate is None or isinstance(collate, SlotCollate):
+            return collate
+        collate = getattr(collate, "collate_fn", None)
+    return None
+
+
 def slot_pool_of(loader: Any) -> SlotPool | None:
     """The :class:`SlotPool` of a loader made by :func:`slot_loader`, else None."""
-    collate = getattr(loader, "collate_fn", None)
-    return collate.pool if isinstance(collate, SlotCollate) else None
+    collate = slot_collate_of(loader)
+    return None if collate is None else collate.pool
+
+
+def with_own_pool(collate: SlotCollate, context: Any = None) -> SlotCollate:
+    """A :class:`SlotCollate` like ``collate`` with a fresh pool of the same shape: for a clone of a
+    slot loader whose workers run next to the original's (two worker sets never share slots)."""
+    pool = collate.pool
+    return SlotCollate(collate.collate_fn, SlotPool(pool.num_workers, pool.slots_per_worker, context))
 
 
 def _tensors(batch: Any) -> Iterator[torch.Tensor]:

@@ -378,3 +378,44 @@ def test_cuda_abandoned_epochs_of_a_persistent_loader_stay_correct():
     after = dl.slot_stats()
     assert after.slotted - before.slotted >= len(want) - 2 and after.by_ref > 0
     dl.close()
+
+
+def test_profiling_a_slot_loader_profiles_its_slots_through_a_pool_of_its_own():
+    from pipeline_opt.profile.install import install_worker_profiling
+
+    dl = DeviceLoader(_loader(dataset=Images(n=96)), device="cpu", reuse_buffers=True)
+    before = live_children()
+    profiled, collector = install_worker_profiling(dl)
+    assert isinstance(profiled, DeviceLoader) and profiled.reuses_buffers
+    pool = slot_pool_of(profiled.loader)  # found under the profiler's collate wrapper
+    assert pool is not None and pool is not slot_pool_of(dl.loader)
+    assert (pool.num_workers, pool.slots_per_worker) == (slot_pool_of(dl.loader).num_workers,
+                                                         slot_pool_of(dl.loader).slots_per_worker)
+    want = [list(x) for x in _loader(dataset=Images(n=96))]
+    _assert_same([list(x) for x in profiled], want)
+    stats = pool.stats()
+    assert stats.slotted == len(want) and stats.by_ref > 0  # the profiled workers reused their slots
+    assert slot_pool_of(dl.loader).stats().total == 0  # and never touched the original's
+    workers = collector.stats()
+    assert sum(w.samples for w in workers) == 96 and sum(w.batches for w in workers) == len(want)
+    profiled.close()
+    collector.close()
+    dl.close()
+    assert live_children() - before == set(), "worker processes left behind"
+
+
+def test_a_slot_loader_under_a_collate_wrapper_is_not_slotted_twice():
+    class Wrapped:
+        def __init__(self, collate_fn):
+            self.collate_fn = collate_fn
+
+        def __call__(self, samples):
+            return self.collate_fn(samples)
+
+    s = slot_loader(_loader())
+    from pipeline_opt.loader_clone import clone_loader
+
+    wrapped = clone_loader(s, collate_fn=Wrapped(s.collate_fn))
+    assert slot_pool_of(wrapped) is slot_pool_of(s)
+    with pytest.raises(ValueError, match="already delivers through shared slots"):
+        slot_loader(wrapped)

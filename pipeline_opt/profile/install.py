@@ -5,7 +5,8 @@ and the ultralytics integration use it): it never touches the user's loader; it 
 (:func:`pipeline_opt.loader_clone.clone_loader`) whose dataset, collate function and
 ``worker_init_fn`` are the profiling proxies, and the :class:`WorkerCollector` that reads the
 results. A ``DeviceLoader`` (anything with a DataLoader under ``.loader``) is re-wrapped around the
-profiled clone with the same device and transform.
+profiled clone with the same device, transforms and shared slots (the clone's workers get slots of
+their own: what is profiled is the path that trains).
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ def _rewrap(outer: Any, clone: DataLoader) -> Any:
     return wrapped
 
 
+def _own_slots(loader: DataLoader) -> Any:
+    """``loader``'s collate function; a shared-slots one with a pool of its own, so the profiled
+    clone's workers deliver through slots as the original's do without sharing theirs."""
+    from pipeline_opt.shared_slots import SlotCollate, with_own_pool
+
+    collate = loader.collate_fn
+    if isinstance(collate, SlotCollate):
+        return with_own_pool(collate, loader.multiprocessing_context)
+    return collate
+
+
 def install_worker_profiling(
     loader: Any, *, enabled: bool = True, flush_interval_s: float = 0.2
 ) -> tuple[Any, WorkerCollector]:
@@ -72,7 +84,7 @@ def install_worker_profiling(
     clone = clone_loader(
         inner,
         dataset=workers.profiled_dataset(inner.dataset, sink),
-        collate_fn=workers.ProfiledCollate(inner.collate_fn, sink),
+        collate_fn=workers.ProfiledCollate(_own_slots(inner), sink),
         worker_init_fn=workers.ProfiledWorkerInit(inner.worker_init_fn, sink),
     )
     return rewrap(clone), collector

@@ -144,6 +144,7 @@ class DeviceLoader:
         self.transform = transform
         self.non_blocking = bool(non_blocking)
         self.batch_transform = batch_transform
+        self.reuse_buffers = bool(reuse_buffers)  # as asked; ``reuses_buffers`` says whether it applies
         self._receiver = None
         self._receiving = None  # the receiving thread of the latest CUDA iteration (shared slots)
         if reuse_buffers:
