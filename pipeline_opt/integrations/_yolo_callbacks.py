@@ -46,6 +46,7 @@ from pipeline_opt.integrations._yolo_ddp import (
     write_combined_profile,
 )
 from pipeline_opt.integrations._yolo_decide import (
+    FORCE,
     AugmentSwitch,
     candidate_switch,
     check_gpu_augment,
@@ -53,7 +54,14 @@ from pipeline_opt.integrations._yolo_decide import (
     decide_gpu_augment,
 )
 from pipeline_opt.integrations._yolo_step import TrainerStep
-from pipeline_opt.integrations._yolo_tune import config_changed, device_notes, rebuild_loader, tune_loader
+from pipeline_opt.integrations._yolo_tune import (
+    config_changed,
+    delivers_through_slots,
+    device_notes,
+    plain_loader_of,
+    rebuild_loader,
+    tune_loader,
+)
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
@@ -74,6 +82,7 @@ class AttachOptions:
     tune: bool = True
     gpu_augment: bool | str = True  # True: measured, kept only if faster; "force": always on
     gpu_affine: bool | str = False  # True: measured after the colour/flip was kept; "force": always with it
+    shared_slots: bool | str = False  # True: a tuning candidate (CUDA); "force": the train loader always uses them
     output_dir: str | None = None
     tune_budget_s: float = 60.0
     steps: int = 30
@@ -88,6 +97,7 @@ class AttachOptions:
     def __post_init__(self) -> None:
         check_gpu_augment(self.gpu_augment)
         check_gpu_augment(self.gpu_affine, name="gpu_affine")
+        check_gpu_augment(self.shared_slots, name="shared_slots")
         for name in ("profile", "tune", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -143,6 +153,7 @@ class _Run:
         self.augment: GpuAugmentedPreprocess | None = None  # the wrapper built (installed only while active)
         self.switch: AugmentSwitch | None = None
         self.tunes: list[dict[str, Any]] = []
+        self.loader_setting: dict[str, Any] | None = None  # the settings applied to trainer.train_loader
         self.profiler: StepProfiler | None = None
         self.collector: Any = None
         self.plain_loader: Any = None
@@ -207,6 +218,8 @@ class YoloIntegration:
             run.notes.append(f"{PERF_BENCH_ENV}=1: tuning skipped, the fixed profile measures the loader as configured")
         elif opts.tune:
             self._tune(run, "before the first epoch")
+        if opts.shared_slots == FORCE and not (opts.tune and not bench):
+            self._force_slots(run)
         if opts.profile or bench:
             self._start_profile(run)
         self._save_summary(run)
@@ -265,8 +278,8 @@ class YoloIntegration:
             return
         log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
                     t.batch_size)
-        if run.tunes and config_changed(t.train_loader, run.tunes[-1]["config"]):
-            t.train_loader = rebuild_loader(t.train_loader, run.tunes[-1]["config"])
+        if run.loader_setting is not None and config_changed(t.train_loader, run.loader_setting):
+            self._install_loader(run, rebuild_loader(t.train_loader, run.loader_setting, t.device))
         if run.profiler is not None and run.report is None:
             self._close_profiling(run, restore_loader=False)
             run.profiler = None
@@ -283,25 +296,58 @@ class YoloIntegration:
         log.info("pipeline_opt: tuning the train loader %s (budget %.0f s)", why, self.options.tune_budget_s)
         # inside DDP, autotune makes the ranks agree on one configuration (pipeline_opt.distributed_api)
         kwargs = dict(self.options.tune_kwargs or {})
-        if kwargs.pop("shared_slots", False):
-            log.warning("pipeline_opt: shared_slots is not applied inside the ultralytics trainer yet (its train "
-                        "loader must stay an InfiniteDataLoader); use build_yolo_pipeline + tune_yolo for it")
-        note = ("shared slots (reused page-locked worker buffers) were not tried: the trainer's loader stays an "
-                "InfiniteDataLoader; tune_yolo(..., shared_slots=True) on the trainer-free pipeline can")
-        if t.device.type == "cuda" and note not in run.notes:
+        slots = self.options.shared_slots
+        measured_slots = slots is True or bool(kwargs.pop("shared_slots", False))
+        note = ("shared slots (reused page-locked worker buffers) were not tried: attach(shared_slots=True) "
+                "measures them, shared_slots='force' uses them")
+        if t.device.type == "cuda" and not measured_slots and slots != FORCE and note not in run.notes:
             run.notes.append(note)
-        result = tune_loader(loader, inner_model(t.model), TrainerStep(t), t.device, self.options.tune_budget_s,
-                             shared_slots=False, **kwargs)
-        changed = config_changed(loader, result.config)
+        base = plain_loader_of(loader)  # the tuner's trials clone the loader as ultralytics built it
+        result = tune_loader(base, inner_model(t.model), TrainerStep(t), t.device, self.options.tune_budget_s,
+                             shared_slots=measured_slots, **kwargs)
+        config = dict(result.config)
+        if slots == FORCE:
+            config = self._with_forced_slots(run, config)
+        changed = config_changed(loader, config)
         if changed:
-            t.train_loader = rebuild_loader(loader, result.config)
+            self._install_loader(run, rebuild_loader(base, config, t.device))
+        run.loader_setting = config
         name = "tune" if not run.tunes else f"tune-epoch{t.epoch}"
         directory = run.out_dir / name
         result.save(directory)
-        run.tunes.append({"when": why, "config": dict(result.config), "speedup": result.speedup,
+        run.tunes.append({"when": why, "config": config, "speedup": result.speedup,
                           "noise": result.noise, "applied": changed, "saved": str(directory)})
-        log.info("pipeline_opt: %s\n%s", "applied " + json.dumps(result.config) if changed else
+        log.info("pipeline_opt: %s\n%s", "applied " + json.dumps(config) if changed else
                  "kept the loader as built (nothing beat it beyond the noise)", result.table())
+
+    def _with_forced_slots(self, run: _Run, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with shared slots on (``shared_slots="force"``), or as it is where no worker runs."""
+        if int(config.get("num_workers") or 0) < 1:
+            note = ("shared_slots='force' not applied: the train loader has no worker processes (ultralytics "
+                    "uses workers=0 on CPU / MPS; attach(workers=N) overrides it)")
+            if note not in run.notes:
+                run.notes.append(note)
+            return config
+        return {**config, "shared_slots": True}
+
+    def _force_slots(self, run: _Run) -> None:
+        """``shared_slots="force"`` without tuning: the loader's own settings, delivered through slots."""
+        t = run.trainer
+        config = self._with_forced_slots(run, {**loader_config(t.train_loader),
+                                               "shared_slots": delivers_through_slots(t.train_loader)})
+        if config_changed(t.train_loader, config):
+            self._install_loader(run, rebuild_loader(t.train_loader, config, t.device))
+        run.loader_setting = config
+
+    def _install_loader(self, run: _Run, loader: Any) -> None:
+        """``trainer.train_loader = loader``; a replaced shared-slots loader gives its page-locked slots back."""
+        t = run.trainer
+        old, t.train_loader = t.train_loader, loader
+        if old is not loader and delivers_through_slots(old):
+            old.close()
+        if delivers_through_slots(loader):
+            log.info("pipeline_opt: the train loader delivers its images through shared slots (%d workers) on %s",
+                     loader.num_workers, t.device)
 
     # -- profiling -----------------------------------------------------------------------------
     def _start_profile(self, run: _Run) -> None:
@@ -437,6 +483,7 @@ class YoloIntegration:
                            else run.switch.affine_decision.to_dict()},
             },
             "tuning": run.tunes,
+            "shared_slots": self._slots_summary(run),
             "profile": None if run.report is None else {"steps": len(run.report.steps),
                                                         "throughput": run.report.throughput,
                                                         "bottleneck": run.report.bottleneck,
@@ -447,6 +494,17 @@ class YoloIntegration:
                                                   "gpu_affine_votes": run.affine_votes},
             "notes": run.notes,
         }
+
+    def _slots_summary(self, run: _Run) -> dict[str, Any]:
+        loader = getattr(run.trainer, "train_loader", None)
+        if loader is not None and loader is run.profiled_loader:
+            loader = run.plain_loader  # the profile window's clone has slots of its own
+        applied = delivers_through_slots(loader)
+        stats = loader.slot_stats() if applied else None
+        received = loader.receive_stats() if applied else None
+        return {"requested": self.options.shared_slots, "applied": applied,
+                "stats": None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac},
+                "receive": None if received is None else asdict(received)}
 
     def _save_summary(self, run: _Run) -> None:
         run.out_dir.mkdir(parents=True, exist_ok=True)

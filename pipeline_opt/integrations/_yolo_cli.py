@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-affine", action="store_true",
                    help="also try RandomPerspective's warp on the GPU: measured against the colour/flip alone, kept "
                         "only if faster (on an H200 YOLO11n run: 1.18x at 8 cores, a tie at 16)")
+    p.add_argument("--shared-slots", action="store_true",
+                   help="also try delivering the images through reused page-locked worker buffers (CUDA; kept "
+                        "only if not slower than the 3%% minimum gain)")
     p.add_argument("--synthetic-images", type=int, default=128, help="train images of the synthetic set")
     p.add_argument("--out", default=None, help="directory for before/, after/, tune/ and summary.json")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     pipe = build_yolo_pipeline(data, gpu_augment=gpu, gpu_affine=args.gpu_affine, **common)
     result = None
     try:
-        result = tune_yolo(pipe, time_budget_s=args.budget)
+        result = tune_yolo(pipe, time_budget_s=args.budget, shared_slots=args.shared_slots)
         after = profile_yolo(pipe, steps=args.steps, warmup=args.warmup, loader=result.loader)
     finally:
         pipe.close()

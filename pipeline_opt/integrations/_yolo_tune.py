@@ -2,9 +2,13 @@
 
 The search itself is :func:`pipeline_opt.autotune` (baseline, noise from repeated windows, A B A B
 calibration, rollback). This module only decides what it may change for an ultralytics loader
-(workers, pin_memory, prefetch_factor; no torchvision GPU offload: the GPU augmentation is handled
-by the integration), protects the model around it, and turns the winning settings into a new
-``InfiniteDataLoader`` over the same dataset, sampler, collate function and generator.
+(workers, pin_memory, prefetch_factor, and on request shared slots; no torchvision GPU offload: the
+GPU augmentation is handled by the integration), protects the model around it, and turns the
+winning settings into a new ``InfiniteDataLoader`` over the same dataset, sampler, collate function
+and generator. With shared slots that loader's workers write the images into reused page-locked
+buffers and a :class:`~pipeline_opt.transforms.DeviceLoader` hands the trainer its batches on the
+device; it forwards everything the trainer reads of its loader (``len``, ``dataset``, ``sampler``,
+``num_workers``, ``reset()``, ``close()``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,24 @@ from pipeline_opt.loader_clone import clone_loader, loader_config
 log = get_logger("integrations.ultralytics")
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor")
+
+
+def delivers_through_slots(loader: Any) -> bool:
+    """Whether ``loader`` hands out its batches through shared slots (a ``DeviceLoader`` reusing buffers)."""
+    return bool(getattr(loader, "reuses_buffers", False))
+
+
+def plain_loader_of(loader: Any) -> Any:
+    """The trainer's loader without shared slots: ``loader`` itself, or for a shared-slots
+    ``DeviceLoader`` a clone of the loader under it with its own collate function back (pinned
+    on CUDA, as the slots were). Never iterated here: it starts no workers."""
+    if not delivers_through_slots(loader):
+        return loader
+    from pipeline_opt.shared_slots import slot_collate_of
+
+    inner = loader.loader
+    return clone_loader(inner, collate_fn=slot_collate_of(inner).collate_fn,
+                        pin_memory=getattr(loader.device, "type", "cpu") == "cuda")
 
 
 def device_notes(device: torch.device, loader: Any) -> list[str]:
@@ -63,16 +85,37 @@ def tuned_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def rebuild_loader(loader: Any, config: dict[str, Any]) -> Any:
+def wants_slots(config: dict[str, Any]) -> bool:
+    """Whether ``config`` asks for shared slots (they need worker processes)."""
+    return bool(config.get("shared_slots")) and int(config.get("num_workers") or 0) > 0
+
+
+def rebuild_loader(loader: Any, config: dict[str, Any], device: torch.device | str | None = None) -> Any:
     """A new loader of ``loader``'s class (an ``InfiniteDataLoader`` stays one) with the tuned settings.
 
+    With ``config["shared_slots"]`` (and workers) the new loader's workers deliver through shared
+    slots and it comes wrapped in a :class:`~pipeline_opt.transforms.DeviceLoader` on ``device``
+    (batches arrive there). ``loader`` may itself be such a wrapper: its plain loader is the base.
     The new loader starts its own workers when first iterated; the caller closes the old one.
     """
-    return clone_loader(loader, **tuned_overrides(config))
+    base = plain_loader_of(loader)
+    overrides = tuned_overrides(config)
+    if not wants_slots(config):
+        return clone_loader(base, **overrides)
+    if device is None:
+        raise ValueError("shared_slots=True needs the device the batches go to; pass device=")
+    from pipeline_opt.shared_slots import slot_loader
+    from pipeline_opt.transforms import DeviceLoader
+
+    return DeviceLoader(slot_loader(base, **overrides), device=device, reuse_buffers=True)
 
 
 def config_changed(loader: Any, config: dict[str, Any]) -> bool:
-    """Whether ``config`` differs from ``loader``'s current settings in a tuned key."""
+    """Whether ``config`` differs from ``loader``'s current settings in a tuned key or in shared slots."""
     current = loader_config(loader)
     wanted = tuned_overrides(config)
-    return any(current.get(k) != wanted.get(k, current.get(k)) for k in TUNED_KEYS)
+    slots = wants_slots(config)
+    if slots != delivers_through_slots(loader):
+        return True
+    keys = [k for k in TUNED_KEYS if not (slots and k == "pin_memory")]  # slots are page-locked, not pinned
+    return any(current.get(k) != wanted.get(k, current.get(k)) for k in keys)

@@ -94,6 +94,7 @@ def attach(
     tune_kwargs: dict[str, Any] | None = None,
     augment_kwargs: dict[str, Any] | None = None,
     trace_steps: int = 10,
+    shared_slots: bool | str = False,
 ) -> YoloIntegration:
     """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
 
@@ -127,8 +128,19 @@ def attach(
         retune_epoch: tune again at the start of that epoch (the model's state is restored after).
         sync: synchronise CUDA at every batch boundary of the profile window, so per-batch host
             times hold the GPU work (ultralytics' loop syncs every step anyway to log losses).
+        shared_slots: deliver the train loader's images through shared slots: each worker writes
+            its batches into a few reused shared-memory buffers that the training process maps and
+            page-locks once (:mod:`pipeline_opt.shared_slots`), instead of a fresh segment mapped,
+            faulted in and pin-copied per batch; ``trainer.train_loader`` then becomes a
+            :class:`~pipeline_opt.transforms.DeviceLoader` over the tuned ``InfiniteDataLoader``
+            that hands the trainer its batches on the device, with the same samples in the same
+            order. ``True``: a tuning candidate on CUDA, kept only if it wins; ``"force"``: used
+            whatever the tuner chose (with workers; also without ``tune``). ``False``: never. On the
+            H200 the best YOLO11n configuration measured used them (8 workers + GPU HSV/flip +
+            shared slots), but in the tuner they tie within its 3% minimum gain.
         tune_kwargs: further arguments for :func:`pipeline_opt.autotune` (``max_workers``,
-            ``min_gain``, ``seed``, ``profiler``, ...).
+            ``min_gain``, ``seed``, ``profiler``, ...; ``shared_slots=True`` there is
+            ``shared_slots=True`` here).
         augment_kwargs: further arguments for :func:`decide_gpu_augment` (``rounds``, ``windows``,
             ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``); the warp's
             decision takes the same.
@@ -149,7 +161,8 @@ def attach(
                             output_dir=None if output_dir is None else os.fspath(output_dir),
                             tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
                             gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
-                            tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs, trace_steps=trace_steps)
+                            tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs, trace_steps=trace_steps,
+                            shared_slots=shared_slots)
     integration = YoloIntegration(options)
     for event, fn in integration.callbacks().items():
         model.add_callback(event, fn)

@@ -8,7 +8,12 @@ import pytest
 import torch
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt.integrations._yolo_tune import rebuild_loader
+from pipeline_opt.integrations._yolo_tune import (
+    config_changed,
+    delivers_through_slots,
+    plain_loader_of,
+    rebuild_loader,
+)
 from pipeline_opt.integrations.ultralytics import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
@@ -152,6 +157,35 @@ def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
         pipe.close()
 
 
+def test_rebuild_with_shared_slots_wraps_an_infinite_loader_and_back(yolo_data):
+    from pipeline_opt.shared_slots import slot_pool_of
+    from pipeline_opt.transforms import DeviceLoader
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu")
+    try:
+        slots = {"num_workers": 2, "pin_memory": True, "prefetch_factor": 2, "shared_slots": True}
+        assert config_changed(pipe.loader, slots)
+        with pytest.raises(ValueError, match="device="):
+            rebuild_loader(pipe.loader, slots)
+        slotted = rebuild_loader(pipe.loader, slots, "cpu")
+        assert isinstance(slotted, DeviceLoader) and delivers_through_slots(slotted)
+        assert type(slotted.loader) is InfiniteDataLoader and slotted.dataset is pipe.dataset
+        assert slot_pool_of(slotted.loader).num_workers == 2 and len(slotted) == len(pipe.loader)
+        assert not config_changed(slotted, slots)  # page-locked slots count as pinned
+        assert config_changed(slotted, {**slots, "prefetch_factor": 4})
+        plain = {**slots, "shared_slots": False}
+        assert config_changed(slotted, plain)
+        back = rebuild_loader(slotted, plain)  # from the slotted loader: its own collate function again
+        assert type(back) is InfiniteDataLoader and slot_pool_of(back) is None
+        assert back.collate_fn is pipe.loader.collate_fn and loader_config(back)["num_workers"] == 2
+        assert plain_loader_of(pipe.loader) is pipe.loader
+        no_workers = {**slots, "num_workers": 0}
+        assert type(rebuild_loader(pipe.loader, no_workers, "cpu")) is InfiniteDataLoader  # nothing to reuse
+        slotted.close()
+    finally:
+        pipe.close()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--data", "/nonexistent/data.yaml"], "no such file"),
     (["--budget", "0"], "--budget"),
@@ -180,3 +214,20 @@ def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monke
     out = step.preprocess(batch)
     assert calls == ["images", "augment"]  # the images go first, the boxes with the augmentation
     assert out["img"].dtype == torch.float32
+
+
+def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "cli"
+    argv = ["--data", str(yolo_data), "--imgsz", "32", "--batch", "4", "--workers", "1", "--device", "cpu",
+            "--budget", "2", "--steps", "2", "--warmup", "1", "--no-gpu-augment", "--shared-slots", "--out", str(out)]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "before = ultralytics as built" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["before_throughput"] > 0 and summary["after_throughput"] > 0
+    assert summary["config"]["shared_slots"] is False  # not tried on the CPU, and the tuning says why:
+    tuned = json.loads((out / "tune" / "tune.json").read_text())
+    assert any(line.startswith("shared_slots: device is cpu") for line in tuned["not_tried"])
+    assert (out / "before" / "report.json").is_file() and (out / "after" / "report.json").is_file()

@@ -147,3 +147,117 @@ def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train
     assert affine["applied"] is True and affine["decision"]["subject"] == "gpu_affine"
     assert affine["decision"]["gpu_throughput"] == pytest.approx(160.0)
     assert any(n.startswith("GPU warp kept") for n in summary["notes"])
+
+
+def _record_files(model, files: list) -> None:
+    """Record every training batch's ``im_file`` list as the trainer preprocesses it (the tuner's
+    steps, which preprocess the batches of its trials, are not training batches)."""
+    training = [False]
+
+    def wrap(trainer):
+        original = trainer.preprocess_batch
+
+        def preprocess(batch):
+            if training[0]:
+                files.append(list(batch["im_file"]))
+                training[0] = False
+            return original(batch)
+
+        trainer.preprocess_batch = preprocess
+
+    def batch_start(trainer):
+        training[0] = True
+
+    model.add_callback("on_pretrain_routine_end", wrap)  # after attach's own callback
+    model.add_callback("on_train_batch_start", batch_start)
+
+
+def test_forced_shared_slots_train_every_sample_through_reused_buffers(yolo_data, tmp_path, no_network, train_args):
+    import torch
+
+    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.tune.measure import live_children
+
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, tune=False, gpu_augment=False, workers=2, shared_slots="force")
+    files: list = []
+    _record_files(model, files)
+    before = live_children()
+    # two epochs, mosaic closed for the second: the trainer resets its loader in between
+    model.train(data=str(yolo_data), project=str(tmp_path), name="slots", **{**train_args, "epochs": 2,
+                                                                             "close_mosaic": 1})
+    trainer, run = model.trainer, integration.run
+    loader = trainer.train_loader
+    assert isinstance(loader, DeviceLoader) and loader.reuses_buffers and loader.num_workers == 2
+    assert run.loader_setting["shared_slots"] is True
+    per_epoch = len(loader)
+    assert per_epoch == 4 and len(files) == 2 * per_epoch
+    for epoch in range(2):  # every sample once per epoch: nothing lost or repeated
+        seen = [f for batch in files[epoch * per_epoch:(epoch + 1) * per_epoch] for f in batch]
+        assert len(seen) == len(set(seen)) == 16
+    stats = loader.slot_stats()
+    # every batch the workers made came through a slot (they also made the ones prefetched ahead of
+    # each epoch's end, which ultralytics' reset() for the closed mosaic and the final close() drop)
+    assert stats.slotted == stats.total >= 2 * per_epoch
+    losses = trainer.tloss.values() if isinstance(trainer.tloss, dict) else [trainer.tloss]
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in losses)  # trained on real batches
+    summary = json.loads((trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
+    assert summary["shared_slots"]["applied"] is True and summary["shared_slots"]["requested"] == "force"
+    assert summary["shared_slots"]["stats"]["slotted"] >= 2 * per_epoch
+    assert live_children() - before == set(), "worker processes left behind"
+
+
+def test_shared_slots_without_workers_say_why_they_were_not_used(yolo_data, tmp_path, no_network, train_args):
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, tune=False, gpu_augment=False, shared_slots="force")
+    model.train(data=str(yolo_data), project=str(tmp_path), name="noslots", **train_args)  # workers=0 on CPU
+    assert isinstance(model.trainer.train_loader, InfiniteDataLoader)
+    assert any("shared_slots='force' not applied" in n for n in integration.run.notes)
+
+
+def test_shared_slots_as_a_candidate_are_passed_to_the_tuner(yolo_data, tmp_path, no_network, quick_profile,
+                                                            train_args):
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, gpu_augment=False, workers=2, tune_budget_s=3, shared_slots=True,
+                         tune_kwargs={"profiler": quick_profile})
+    model.train(data=str(yolo_data), project=str(tmp_path), name="slotcand", **train_args)
+    tuned = json.loads((model.trainer.save_dir / "pipeline_opt" / "tune" / "tune.json").read_text())
+    # on the CPU the tuner does not try them, and says so (on CUDA they are a measured candidate)
+    assert any(line.startswith("shared_slots: device is cpu") for line in tuned["not_tried"]), tuned["not_tried"]
+    assert isinstance(model.trainer.train_loader, InfiniteDataLoader)
+    assert not any("were not tried" in n for n in integration.run.notes)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_bad_shared_slots_values_are_rejected(bad):
+    from pipeline_opt.integrations._yolo_callbacks import AttachOptions
+
+    with pytest.raises(ValueError, match="shared_slots="):
+        AttachOptions(shared_slots=bad)
+    with pytest.raises(ValueError, match="shared_slots="):
+        attach(YOLO("yolo11n.yaml"), shared_slots=bad)
+
+
+def test_a_retune_replaces_a_shared_slots_loader_without_losing_samples(yolo_data, tmp_path, no_network,
+                                                                         quick_profile, train_args):
+    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.tune.measure import live_children
+
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, gpu_augment=False, workers=2, shared_slots="force", tune_budget_s=2,
+                         retune_epoch=1, tune_kwargs={"profiler": quick_profile, "max_workers": 2})
+    files: list = []
+    _record_files(model, files)
+    before = live_children()
+    model.train(data=str(yolo_data), project=str(tmp_path), name="retune", **{**train_args, "epochs": 2})
+    trainer, run = model.trainer, integration.run
+    assert [t["when"] for t in run.tunes] == ["before the first epoch", "at the start of epoch 1"]
+    assert all(t["config"]["shared_slots"] is True for t in run.tunes)
+    loader = trainer.train_loader
+    assert isinstance(loader, DeviceLoader) and loader.reuses_buffers
+    per_epoch = len(loader)
+    assert len(files) == 2 * per_epoch
+    for epoch in range(2):
+        seen = [f for batch in files[epoch * per_epoch:(epoch + 1) * per_epoch] for f in batch]
+        assert len(seen) == len(set(seen)) == 16
+    assert live_children() - before == set(), "worker processes left behind"
