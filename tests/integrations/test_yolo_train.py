@@ -261,3 +261,36 @@ def test_a_retune_replaces_a_shared_slots_loader_without_losing_samples(yolo_dat
         seen = [f for batch in files[epoch * per_epoch:(epoch + 1) * per_epoch] for f in batch]
         assert len(seen) == len(set(seen)) == 16
     assert live_children() - before == set(), "worker processes left behind"
+
+
+@pytest.mark.cuda
+def test_cuda_training_through_shared_slots_and_gpu_augmentation(yolo_data, tmp_path, no_network, train_args):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.tune.measure import live_children
+
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, tune=False, gpu_augment="force", gpu_affine="force", workers=2,
+                         shared_slots="force")
+    files: list = []
+    _record_files(model, files)
+    before = live_children()
+    model.train(data=str(yolo_data), project=str(tmp_path), name="cuda_slots",
+                **{**train_args, "device": 0, "imgsz": 64, "epochs": 2, "close_mosaic": 1})
+    trainer, run = model.trainer, integration.run
+    loader = trainer.train_loader
+    assert isinstance(loader, DeviceLoader) and loader.reuses_buffers and loader.device.type == "cuda"
+    per_epoch = len(loader)
+    assert len(files) == 2 * per_epoch
+    for epoch in range(2):
+        seen = [f for batch in files[epoch * per_epoch:(epoch + 1) * per_epoch] for f in batch]
+        assert len(seen) == len(set(seen)) == 16
+    stats = loader.slot_stats()
+    assert stats.slotted == stats.total >= 2 * per_epoch
+    assert run.augment.calls >= 2 * per_epoch  # the device-side colour / flip / warp ran on every batch
+    losses = trainer.tloss.values() if isinstance(trainer.tloss, dict) else [trainer.tloss]
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in losses)
+    assert live_children() - before == set(), "worker processes left behind"
