@@ -260,7 +260,7 @@ def test_yolo_gap_intra_op_threads_are_set_for_the_block_and_restored():
 
 
 NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap",
-         "bench_yolo_decide")
+         "bench_yolo_decide", "bench_yolo_trainer")
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +331,19 @@ def test_yolo_has_both_core_settings(results):
     assert "default + shared slots @1 cores" in every
     assert res["env"]["hardware"]["usable_cores"] == 1, "--cores 1 must restrict the CPU affinity"
     assert "1 cores" in res["summary"]
+
+
+@pytest.mark.slow
+def test_yolo_trainer_rows_trained_what_they_say(results):
+    res = results["bench_yolo_trainer"]
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {"trainer, CPU augmentation", "trainer, GPU HSV/flip", "trainer, GPU HSV/flip + shared slots"}
+    assert res["summary"]["caveats"] == []  # every row applied what it names
+    (slots_run,) = rows["trainer, GPU HSV/flip + shared slots"]["meta"]["runs"]
+    assert slots_run["shared_slots"]["applied"] and slots_run["shared_slots"]["stats"]["slotted"] > 0
+    (cpu_run,) = rows["trainer, CPU augmentation"]["meta"]["runs"]
+    assert not cpu_run["gpu_augment_applied"] and not cpu_run["shared_slots"]["applied"]
+    assert res["summary"]["slots_gain_beyond_spread"] is None  # one run per row: no verdict
 
 
 @pytest.mark.slow

@@ -497,12 +497,14 @@ class YoloIntegration:
 
     def _slots_summary(self, run: _Run) -> dict[str, Any]:
         loader = getattr(run.trainer, "train_loader", None)
-        if loader is not None and loader is run.profiled_loader:
-            loader = run.plain_loader  # the profile window's clone has slots of its own
-        applied = delivers_through_slots(loader)
-        stats = loader.slot_stats() if applied else None
-        received = loader.receive_stats() if applied else None
+        in_window = loader is not None and loader is run.profiled_loader
+        applied = delivers_through_slots(run.plain_loader if in_window else loader)
+        # the counts of the loader training now: in the profile window its clone, which has slots of its own
+        counted = applied and delivers_through_slots(loader)
+        stats = loader.slot_stats() if counted else None
+        received = loader.receive_stats() if counted else None
         return {"requested": self.options.shared_slots, "applied": applied,
+                "counted": None if not counted else ("profile window" if in_window else "train loader"),
                 "stats": None if stats is None else {**asdict(stats), "slotted_frac": stats.slotted_frac},
                 "receive": None if received is None else asdict(received)}
 

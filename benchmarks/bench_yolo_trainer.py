@@ -1,0 +1,219 @@
+"""Trainer benchmark: ultralytics' own ``YOLO(...).train`` with pipeline_opt attached.
+
+YOLO11n (from yolo11n.yaml) at 640 px, batch 64, ``amp="bf16"``, 8 workers, on the 2048-image
+synthetic detection set (as ``bench_yolo``). Where ``bench_yolo`` measures the trainer-free pipeline,
+this one measures the trainer a user runs: each run is a child process that calls
+``YOLO("yolo11n.yaml").train(...)`` with ``attach(profile=True, tune=False, ...)`` and
+``PERF_BENCH=1``, so training ends with status 0 once the profile window is measured. The run's
+``report.json`` gives the trainer's throughput over ``steps`` training steps (optimizer included)
+after ``warmup`` steps; the warm-up covers the batches the workers pre-filled and every shared slot's
+first use (each slot is page-locked once, on its first batch).
+
+Rows (one window per child process; the rows run in interleaved rounds, alternating the order)
+    trainer, CPU augmentation                  attach(gpu_augment=False): ultralytics as built
+    trainer, GPU HSV/flip                      attach(gpu_augment="force")
+    trainer, GPU HSV/flip + shared slots       attach(gpu_augment="force", shared_slots="force")
+
+    python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 4 minutes
+    python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/bench_yolo_trainer.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness as H  # noqa: E402
+
+NAME = "bench_yolo_trainer"
+
+# row name -> attach() arguments that differ between the rows
+ROWS: dict[str, dict[str, Any]] = {
+    "trainer, CPU augmentation": {"gpu_augment": False},
+    "trainer, GPU HSV/flip": {"gpu_augment": "force"},
+    "trainer, GPU HSV/flip + shared slots": {"gpu_augment": "force", "shared_slots": "force"},
+}
+SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
+GPU_ROW = "trainer, GPU HSV/flip"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    n_train: int = 2048
+    image_size: tuple[int, int] = (640, 480)
+    imgsz: int = 640
+    batch: int = 64
+    workers: int = 8
+    steps: int = 40
+    warmup: int = 56  # > workers x (prefetch 4 + 2 extra slots): every slot used once before the window
+    rounds: int = 3
+    child_timeout_s: float = 150.0
+    budget_s: float = 330.0  # no new round starts after this
+
+
+QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=4, workers=1, steps=2, warmup=2, rounds=1,
+              child_timeout_s=120.0, budget_s=240.0)
+
+
+def child(args: Any) -> int:
+    """One training run with the row's attach() arguments; exits 0 once the profile is saved."""
+    os.environ["PERF_BENCH"] = "1"
+    from pipeline_opt.integrations.ultralytics import attach, prepare_offline_env
+
+    prepare_offline_env()
+    from ultralytics import YOLO
+
+    work = Path(args.workdir)
+    options = json.loads(args.attach)
+    model = YOLO("yolo11n.yaml")
+    # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
+    attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=0,
+           output_dir=work / "pipeline_opt", workers=args.workers, **options)
+    device = "cpu" if args.device == "cpu" else 0
+    try:
+        model.train(data=args.data, epochs=100, imgsz=args.imgsz, batch=args.batch, workers=args.workers,
+                    device=device, amp="bf16" if device != "cpu" else False, val=False, plots=False, save=False,
+                    close_mosaic=0, pretrained=False, project=str(work), name="run", exist_ok=True,
+                    verbose=False, seed=args.seed, deterministic=False)
+    except SystemExit as exc:  # PERF_BENCH ends the run here, status 0
+        return int(exc.code or 0)
+    return 3  # the window never completed
+
+
+def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[str, Any]:
+    """One child run of ``row``: its throughput, data wait and shared-slot counts, or the failure."""
+    cmd = [sys.executable, "-m", "benchmarks.bench_yolo_trainer", "--child", "--data", str(data),
+           "--workdir", str(work), "--attach", json.dumps(ROWS[row]), "--steps", str(sizes.steps),
+           "--warmup", str(sizes.warmup), "--imgsz", str(sizes.imgsz), "--batch", str(sizes.batch),
+           "--workers", str(sizes.workers), "--seed", str(args.seed)]
+    if args.device:
+        cmd += ["--device", args.device]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=H.REPO_ROOT, timeout=sizes.child_timeout_s, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"failed": f"timed out after {sizes.child_timeout_s:.0f} s"}
+    wall = time.monotonic() - t0
+    report_path = work / "pipeline_opt" / "report.json"
+    if proc.returncode != 0 or not report_path.is_file():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        return {"failed": f"exit status {proc.returncode}: {tail}"}
+    report = json.loads(report_path.read_text())
+    summary = json.loads((work / "pipeline_opt" / "integration.json").read_text())
+    steps = report.get("steps") or []
+    return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
+            "steps": len(steps), "wall_s": wall, "shared_slots": summary.get("shared_slots"),
+            "gpu_augment_applied": (summary.get("gpu_augment") or {}).get("applied", False),
+            "train_loader": summary.get("train_loader")}
+
+
+def run(args: Any) -> Path:
+    started = time.monotonic()
+    sizes = QUICK if args.quick else Sizes()
+    if args.rounds:
+        sizes = replace(sizes, rounds=args.rounds)
+    if args.budget_s:
+        sizes = replace(sizes, budget_s=args.budget_s)
+    device = H.pick_device(args.device)
+    data, gen_s = H.yolo_dataset(sizes.n_train, sizes.image_size, seed=args.seed)
+    H.log.info("dataset ready in %.1f s: %s", gen_s, data)
+    names = list(ROWS)
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    order_log: list[list[str]] = []
+    with tempfile.TemporaryDirectory(prefix="po-yolo-trainer-") as tmp:
+        for r in range(sizes.rounds):
+            if r and time.monotonic() - started > sizes.budget_s:
+                H.log.info("budget of %.0f s reached after %d round(s)", sizes.budget_s, r)
+                break
+            order = names if r % 2 == 0 else names[::-1]
+            order_log.append(order)
+            for name in order:
+                work = Path(tmp) / f"r{r}-{names.index(name)}"
+                out = run_one(args, sizes, data, name, work)
+                H.log.info("round %d %s: %s", r, name, {k: v for k, v in out.items() if k != "train_loader"})
+                results[name].append(out)
+    rows = []
+    for name in names:
+        ok = [o for o in results[name] if "throughput" in o]
+        failed = [o["failed"] for o in results[name] if "failed" in o]
+        meta = {"attach": ROWS[name], "runs": results[name]}
+        if not ok:
+            rows.append(H.not_run(name, "failed", failed[0] if failed else "not run", meta))
+            continue
+        waits = [o["data_wait_frac"] for o in ok if o.get("data_wait_frac") is not None]
+        rows.append(H.row_of(name, [o["throughput"] for o in ok], meta,
+                             data_wait_frac=statistics.median(waits) if waits else None))
+    by = {r.name: r for r in rows}
+    measured = [r for r in rows if r.status == "ok"]
+    spread = max((r.stats["spread"] for r in measured), default=None)
+    slots_vs_gpu = H.ratio(by.get(SLOTS_ROW), by.get(GPU_ROW))
+    repeated = bool(measured) and min(r.stats["n"] for r in measured) >= 2
+    summary = {
+        "slots_vs_gpu_augment": slots_vs_gpu,
+        "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
+        "largest_spread": spread,
+        # a verdict needs repeated runs: one run per row has no spread to compare with
+        "slots_gain_beyond_spread": None if slots_vs_gpu is None or spread is None or not repeated
+        else abs(slots_vs_gpu - 1.0) > spread,
+        "caveats": caveats(results),
+        "orders": order_log,
+        "dataset_generation_s": gen_s,
+    }
+    path = H.write_result(
+        args.out, NAME, rows, config={**asdict(sizes), "device": str(device)}, summary=summary, started=started,
+        ledger={"model": "yolo11n", "batch": sizes.batch, "resolution": sizes.imgsz, "ddp": False,
+                "amp": "bf16" if device.type == "cuda" else "fp32"})
+    print(H.format_table(rows, title=f"{NAME} ({device})"))
+    print(json.dumps({k: v for k, v in summary.items() if k != "orders"}, indent=1, default=str))
+    return path
+
+
+def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Runs that did not measure what their row says: slots asked for but not applied, GPU
+    augmentation forced but not applied."""
+    out = []
+    for name, runs in results.items():
+        ok = [o for o in runs if "throughput" in o]
+        if ROWS[name].get("shared_slots"):
+            missed = sum(1 for o in ok if not (o.get("shared_slots") or {}).get("applied"))
+            if missed:
+                out.append(f"{name}: shared slots not applied in {missed} of {len(ok)} runs")
+        if ROWS[name].get("gpu_augment"):
+            missed = sum(1 for o in ok if not o.get("gpu_augment_applied"))
+            if missed:
+                out.append(f"{name}: GPU augmentation not applied in {missed} of {len(ok)} runs")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = H.common_parser(__doc__.splitlines()[0])
+    p.add_argument("--child", action="store_true", help=argparse_hidden())
+    for flag, kind in (("--data", str), ("--workdir", str), ("--attach", str), ("--steps", int),
+                       ("--warmup", int), ("--imgsz", int), ("--batch", int), ("--workers", int)):
+        p.add_argument(flag, type=kind, default=None, help=argparse_hidden())
+    args = p.parse_args(argv)
+    if args.child:
+        H.setup_logging(args.verbose)
+        return child(args)
+    return H.main_of(args, run)
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
