@@ -10,11 +10,14 @@ after ``warmup`` steps; the warm-up covers the batches the workers pre-filled an
 first use (each slot is page-locked once, on its first batch).
 
 Rows (one window per child process; the rows run in interleaved rounds, alternating the order)
+    limit: trainer on one replayed batch       one real batch (CPU augmentation), pinned, handed to the
+                                               trainer again at every step by a worker-less loader:
+                                               the trainer's step with the data pipeline removed
     trainer, CPU augmentation                  attach(gpu_augment=False): ultralytics as built
     trainer, GPU HSV/flip                      attach(gpu_augment="force")
     trainer, GPU HSV/flip + shared slots       attach(gpu_augment="force", shared_slots="force")
 
-    python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 4 minutes
+    python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
 """
 
@@ -34,12 +37,16 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/bench_yolo_trainer.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from benchmarks import harness as H  # noqa: E402
 
 NAME = "bench_yolo_trainer"
 
 # row name -> attach() arguments that differ between the rows
+LIMIT_ROW = "limit: trainer on one replayed batch"
 ROWS: dict[str, dict[str, Any]] = {
+    LIMIT_ROW: {"gpu_augment": False, "replay": True},
     "trainer, CPU augmentation": {"gpu_augment": False},
     "trainer, GPU HSV/flip": {"gpu_augment": "force"},
     "trainer, GPU HSV/flip + shared slots": {"gpu_augment": "force", "shared_slots": "force"},
@@ -66,6 +73,45 @@ QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=4, workers=1, s
               child_timeout_s=120.0, budget_s=240.0)
 
 
+class _Indices(torch.utils.data.Dataset):
+    """``n`` samples that are their own index (the replayed batch ignores them)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class _Replay:
+    """Collate function returning the same pinned batch (a fresh dict: the trainer replaces its entries)."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def __call__(self, samples: list) -> dict:
+        return dict(self.batch)
+
+
+def install_replay(trainer: Any) -> None:
+    """Replace ``trainer.train_loader`` by a worker-less loader that replays one of its real batches,
+    pinned (``on_pretrain_routine_end``, before attach's callbacks: they profile the replay)."""
+    real = trainer.train_loader
+    it = iter(real)
+    batch = next(it)
+    del it
+    pinned = {k: (v.pin_memory() if isinstance(v, torch.Tensor) and torch.cuda.is_available() else v)
+              for k, v in batch.items()}
+    n = len(real.sampler) if hasattr(real, "sampler") else len(real) * real.batch_size
+    if callable(getattr(real, "close", None)):
+        real.close()  # its workers would take CPU from the step
+    trainer.train_loader = torch.utils.data.DataLoader(_Indices(n), batch_size=real.batch_size, shuffle=False,
+                                                       num_workers=0, collate_fn=_Replay(pinned))
+
+
 def child(args: Any) -> int:
     """One training run with the row's attach() arguments; exits 0 once the profile is saved."""
     os.environ["PERF_BENCH"] = "1"
@@ -77,6 +123,8 @@ def child(args: Any) -> int:
     work = Path(args.workdir)
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
+    if options.pop("replay", False):
+        model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
     attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=0,
            output_dir=work / "pipeline_opt", workers=args.workers, **options)
@@ -159,7 +207,11 @@ def run(args: Any) -> Path:
     spread = max((r.stats["spread"] for r in measured), default=None)
     slots_vs_gpu = H.ratio(by.get(SLOTS_ROW), by.get(GPU_ROW))
     repeated = bool(measured) and min(r.stats["n"] for r in measured) >= 2
+    limit = by.get(LIMIT_ROW)
     summary = {
+        "vs_limit": {name: H.ratio(by.get(name), limit) for name in names if name != LIMIT_ROW},
+        "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if H.ratio(by.get(SLOTS_ROW), limit) is None
+                    else H.ratio(by.get(SLOTS_ROW), limit) >= 0.95},
         "slots_vs_gpu_augment": slots_vs_gpu,
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,

@@ -337,7 +337,10 @@ def test_yolo_has_both_core_settings(results):
 def test_yolo_trainer_rows_trained_what_they_say(results):
     res = results["bench_yolo_trainer"]
     rows = {r["name"]: r for r in res["rows"]}
-    assert set(rows) == {"trainer, CPU augmentation", "trainer, GPU HSV/flip", "trainer, GPU HSV/flip + shared slots"}
+    assert set(rows) == {"limit: trainer on one replayed batch", "trainer, CPU augmentation", "trainer, GPU HSV/flip",
+                         "trainer, GPU HSV/flip + shared slots"}
+    assert set(res["summary"]["vs_limit"]) == set(rows) - {"limit: trainer on one replayed batch"}
+    assert all(v > 0 for v in res["summary"]["vs_limit"].values())
     assert res["summary"]["caveats"] == []  # every row applied what it names
     (slots_run,) = rows["trainer, GPU HSV/flip + shared slots"]["meta"]["runs"]
     assert slots_run["shared_slots"]["applied"] and slots_run["shared_slots"]["stats"]["slotted"] > 0

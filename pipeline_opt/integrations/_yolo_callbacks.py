@@ -65,7 +65,12 @@ from pipeline_opt.integrations._yolo_tune import (
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
-from pipeline_opt.profile.install import describe_loader, install_worker_profiling, skip_steps
+from pipeline_opt.profile.install import (
+    describe_loader,
+    install_worker_profiling,
+    shutdown_iteration,
+    skip_steps,
+)
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler
 
 log = get_logger("integrations.ultralytics")
@@ -366,7 +371,11 @@ class YoloIntegration:
         if restore_loader and run.profiled_loader is not None and t.train_loader is run.profiled_loader:
             t.train_loader = run.plain_loader
         if run.profiled_loader is not None:
-            run.profiled_loader.close()
+            close = getattr(run.profiled_loader, "close", None)
+            if callable(close):  # InfiniteDataLoader, DeviceLoader
+                close()
+            else:  # a plain DataLoader (a trainer may use one): stop its workers now
+                shutdown_iteration(None, run.profiled_loader)
             run.profiled_loader = None
         if run.collector is not None:
             run.collector.close()
