@@ -216,11 +216,7 @@ def candidate_of(name: str, factory: Any, trainer: Trainer, meta: dict[str, Any]
 
 def run(args: Any) -> Path:
     started = time.monotonic()
-    sizes = QUICK if args.quick else Sizes()
-    if args.rounds:
-        sizes = replace(sizes, rounds=args.rounds)
-    if args.budget_s:
-        sizes = replace(sizes, budget_s=args.budget_s)
+    sizes = H.sizes_for(args, Sizes(), QUICK)
     deadline = H.Deadline(sizes.budget_s)
     device = H.pick_device(args.device)
     torch.backends.cudnn.benchmark = True

@@ -37,7 +37,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,11 +97,7 @@ class ProfiledLoop:
 
 def run(args: Any) -> Path:
     started = time.monotonic()
-    sizes = QUICK if args.quick else Sizes()
-    if args.rounds:
-        sizes = replace(sizes, rounds=args.rounds)
-    if args.budget_s:
-        sizes = replace(sizes, budget_s=args.budget_s)
+    sizes = H.sizes_for(args, Sizes(), QUICK)
     deadline = H.Deadline(sizes.budget_s)
     device = H.pick_device(args.device)
     torch.backends.cudnn.benchmark = True

@@ -283,11 +283,7 @@ def limit_caveats(limit: H.Row | None, loader_rows: list[H.Row]) -> list[str]:
 
 def run(args: Any) -> Path:
     started = time.monotonic()
-    sizes = QUICK if args.quick else Sizes()
-    if args.rounds:
-        sizes = replace(sizes, rounds=args.rounds)
-    if args.budget_s:
-        sizes = replace(sizes, budget_s=args.budget_s)
+    sizes = H.sizes_for(args, Sizes(), QUICK)
     device = H.pick_device(args.device)
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(args.seed)

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +168,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
 
 def run(args: Any) -> Path:
     started = time.monotonic()
-    sizes = QUICK if args.quick else Sizes()
-    if args.rounds:
-        sizes = replace(sizes, rounds=args.rounds)
-    if args.budget_s:
-        sizes = replace(sizes, budget_s=args.budget_s)
+    sizes = H.sizes_for(args, Sizes(), QUICK)
     device = H.pick_device(args.device)
     data, gen_s = H.yolo_dataset(sizes.n_train, sizes.image_size, seed=args.seed)
     H.log.info("dataset ready in %.1f s: %s", gen_s, data)

@@ -194,6 +194,17 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def sizes_for(args: argparse.Namespace, full: Any, quick: Any) -> Any:
+    """``quick`` with ``--quick``, else ``full`` (frozen dataclasses of one benchmark's sizes), with
+    ``--rounds`` and ``--budget-s`` applied where that dataclass has the field."""
+    sizes = quick if args.quick else full
+    fields = {f.name for f in dataclasses.fields(sizes)}
+    changes = {name: value for name, value in (("rounds", getattr(args, "rounds", None)),
+                                               ("budget_s", getattr(args, "budget_s", None)))
+               if value and name in fields}
+    return dataclasses.replace(sizes, **changes) if changes else sizes
+
+
 def setup(args: argparse.Namespace) -> None:
     """Logging, and in --quick mode one torch thread (small CPU machines: no oversubscription) and
     a short wait for a quiet machine between windows (tiny loaders refill in moments)."""
