@@ -172,7 +172,7 @@ def run(args: Any) -> Path:
     device = H.pick_device(args.device)
     data, gen_s = H.yolo_dataset(sizes.n_train, sizes.image_size, seed=args.seed)
     H.log.info("dataset ready in %.1f s: %s", gen_s, data)
-    names = list(ROWS)
+    names = selected_rows(args.rows)
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     order_log: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="po-yolo-trainer-") as tmp:
@@ -206,6 +206,7 @@ def run(args: Any) -> Path:
     limit = by.get(LIMIT_ROW)
     summary = {
         "vs_limit": {name: H.ratio(by.get(name), limit) for name in names if name != LIMIT_ROW},
+        "rows_run": names,
         "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if H.ratio(by.get(SLOTS_ROW), limit) is None
                     else H.ratio(by.get(SLOTS_ROW), limit) >= 0.95},
         "slots_vs_gpu_augment": slots_vs_gpu,
@@ -225,6 +226,20 @@ def run(args: Any) -> Path:
     print(H.format_table(rows, title=f"{NAME} ({device})"))
     print(json.dumps({k: v for k, v in summary.items() if k != "orders"}, indent=1, default=str))
     return path
+
+
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots"), ROWS))  # --rows names
+
+
+def selected_rows(spec: str | None) -> list[str]:
+    """The rows of ``spec`` (comma-separated keys of ``ROW_KEYS``, in the table's order); all without it."""
+    if not spec:
+        return list(ROWS)
+    keys = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in ROW_KEYS]
+    if unknown or not keys:
+        raise SystemExit(f"--rows {spec!r}: unknown {unknown}; choose from {list(ROW_KEYS)}")
+    return [name for key, name in ROW_KEYS.items() if key in keys]
 
 
 def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -250,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     for flag, kind in (("--data", str), ("--workdir", str), ("--attach", str), ("--steps", int),
                        ("--warmup", int), ("--imgsz", int), ("--batch", int), ("--workers", int)):
         p.add_argument(flag, type=kind, default=None, help=argparse_hidden())
+    p.add_argument("--rows", default=None,
+                   help="comma-separated rows to run (default: all): limit, cpu, gpu, slots")
     args = p.parse_args(argv)
     if args.child:
         H.setup_logging(args.verbose)

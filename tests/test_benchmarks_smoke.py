@@ -333,6 +333,16 @@ def test_yolo_has_both_core_settings(results):
     assert "1 cores" in res["summary"]
 
 
+def test_yolo_trainer_row_selection_keeps_the_table_order_and_names_bad_keys():
+    from benchmarks.bench_yolo_trainer import ROWS, selected_rows
+
+    assert selected_rows(None) == list(ROWS)
+    assert selected_rows("slots, limit") == ["limit: trainer on one replayed batch",
+                                             "trainer, GPU HSV/flip + shared slots"]
+    with pytest.raises(SystemExit, match="unknown \\['gpus'\\]"):
+        selected_rows("limit,gpus")
+
+
 @pytest.mark.slow
 def test_yolo_trainer_rows_trained_what_they_say(results):
     res = results["bench_yolo_trainer"]
