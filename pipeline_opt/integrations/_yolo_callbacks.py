@@ -338,8 +338,7 @@ class YoloIntegration:
     def _force_slots(self, run: _Run) -> None:
         """``shared_slots="force"`` without tuning: the loader's own settings, delivered through slots."""
         t = run.trainer
-        config = self._with_forced_slots(run, {**loader_config(t.train_loader),
-                                               "shared_slots": delivers_through_slots(t.train_loader)})
+        config = self._with_forced_slots(run, loader_config(t.train_loader))
         if config_changed(t.train_loader, config):
             self._install_loader(run, rebuild_loader(t.train_loader, config, t.device))
         run.loader_setting = config
