@@ -193,6 +193,23 @@ def test_settle_waits_at_most_its_limit():
     assert H.settle(max_s=5.0, busy_cores=1e9) < 1.0  # always quiet: returns after one interval
 
 
+def test_yolo_decide_settle_replays_decisions_with_longer_warm_up():
+    from benchmarks.bench_yolo_decide import merged, ramp, replay, trials_of
+
+    assert trials_of([1, 2, 3, 4, 5], 2) == [] and trials_of([1, 2, 3, 4], 2) == [[1, 2], [3, 4]]
+    assert merged([100, 200, 200, 400, 400], skip=1, merge=2, keep=3) == [200.0, 400.0]
+    assert merged([100.0, 300.0], skip=0, merge=2, keep=1) == [150.0]  # equal steps: harmonic mean
+    # every trial starts slow (a 0.5x first window), then settles: CPU at 500, GPU at 600 (+20%)
+    cpu_trial, gpu_trial = [250, 500, 500, 500], [300, 600, 600, 600]
+    decision = {"cpu_windows": cpu_trial * 2, "gpu_windows": gpu_trial * 2, "order": ["cpu", "gpu", "cpu", "gpu"]}
+    assert ramp([decision], 4) == [0.5, 1.0, 1.0, 1.0]
+    replayed = replay([decision], per_trial=4, merge=1, keep=3)
+    assert [r["skip_windows"] for r in replayed] == [0, 1]
+    current, longer = replayed
+    assert current["median_noise"] == 0.25 and current["kept"] == 0  # the slow window is half the noise
+    assert longer["median_noise"] == 0.0 and longer["kept"] == 1 and longer["median_gain"] == 0.2
+
+
 def test_yolo_gap_row_selection_prefixes_commas_and_whole_names():
     from types import SimpleNamespace
 
@@ -410,6 +427,12 @@ def test_yolo_decide_rows_and_decisions(results):
         assert d["order"] == ["cpu", "gpu", "cpu", "gpu"] and d["wall_s"] > 0 and d["verdict"]
         assert rows[0]["stats"]["n"] == len(d["cpu_windows"]) > 0 and rows[1]["stats"]["n"] == len(d["gpu_windows"]) > 0
     assert res["summary"]["kept"] == {str(s): [sum(d["applied"] for d in decisions if d["steps"] == s), 1] for s in (2, 3)}
+    settle = res["summary"]["settle"]  # 3 windows per trial, none merged: the replay without a skip is the decision
+    assert settle["windows_per_trial"] == 3 and len(settle["ramp"]) == 3
+    [same] = settle["replayed"]
+    assert same["skip_windows"] == 0 and same["decisions"] == len(decisions)
+    for d, v in zip(decisions, same["verdicts"]):
+        assert v["applied"] == d["applied"] and abs(v["gain"] - d["gain"]) < 1e-3
 
 
 def _children_cores(row: dict) -> float:
