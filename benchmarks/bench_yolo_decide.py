@@ -95,11 +95,7 @@ def merged(trial: Sequence[float], skip: int, merge: int, keep: int) -> list[flo
     """Windows ``skip:`` of one trial, ``merge`` consecutive ones at a time combined into one window
     (equal steps each: the harmonic mean of their throughputs), the first ``keep`` of those."""
     rest = list(trial[skip:])
-    out = []
-    for i in range(0, len(rest) - merge + 1, merge):
-        group = rest[i:i + merge]
-        out.append(len(group) / sum(1.0 / w for w in group))
-    return out[:keep]
+    return [statistics.harmonic_mean(rest[i:i + merge]) for i in range(0, len(rest) - merge + 1, merge)][:keep]
 
 
 def replay(decisions: list[dict[str, Any]], per_trial: int, merge: int, keep: int = 3,
