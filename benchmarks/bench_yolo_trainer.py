@@ -208,8 +208,8 @@ def run(args: Any) -> Path:
     summary = {
         "vs_limit": vs_limit,
         "rows_run": names,
-        "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if H.ratio(by.get(SLOTS_ROW), limit) is None
-                    else H.ratio(by.get(SLOTS_ROW), limit) >= 0.95},
+        "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if vs_limit.get(SLOTS_ROW) is None
+                    else vs_limit[SLOTS_ROW] >= 0.95},
         "slots_vs_gpu_augment": slots_vs_gpu,
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,

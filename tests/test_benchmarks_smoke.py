@@ -374,14 +374,14 @@ def test_yolo_trainer_names_rows_above_the_limit_beyond_the_spread():
 
 @pytest.mark.slow
 def test_yolo_trainer_rows_trained_what_they_say(results):
+    from benchmarks.bench_yolo_trainer import limit_caveats
+
     res = results["bench_yolo_trainer"]
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"limit: trainer on one replayed batch", "trainer, CPU augmentation", "trainer, GPU HSV/flip",
                          "trainer, GPU HSV/flip + shared slots"}
     assert set(res["summary"]["vs_limit"]) == set(rows) - {"limit: trainer on one replayed batch"}
     assert all(v > 0 for v in res["summary"]["vs_limit"].values())
-    from benchmarks.bench_yolo_trainer import limit_caveats
-
     # every row applied what it names; the only caveats allowed are rows above the (noisy) limit
     above_limit = limit_caveats(res["summary"]["vs_limit"], res["summary"]["largest_spread"], repeated=False)
     assert res["summary"]["caveats"] == above_limit
