@@ -16,6 +16,11 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
     trainer, CPU augmentation                  attach(gpu_augment=False): ultralytics as built
     trainer, GPU HSV/flip                      attach(gpu_augment="force")
     trainer, GPU HSV/flip + shared slots       attach(gpu_augment="force", shared_slots="force")
+    ..., channel-first workers                 the same, with the workers' Format copying each image into
+                                               channel-first RGB as ultralytics does (before the
+                                               channel-last delivery: _yolo_augment.DEVICE_LAYOUT off)
+    trainer, GPU HSV/flip/warp + shared slots  attach(gpu_augment="force", gpu_affine="force",
+                                               shared_slots="force")
 
     python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
@@ -50,8 +55,13 @@ ROWS: dict[str, dict[str, Any]] = {
     "trainer, CPU augmentation": {"gpu_augment": False},
     "trainer, GPU HSV/flip": {"gpu_augment": "force"},
     "trainer, GPU HSV/flip + shared slots": {"gpu_augment": "force", "shared_slots": "force"},
+    "trainer, GPU HSV/flip + shared slots, channel-first workers": {"gpu_augment": "force", "shared_slots": "force",
+                                                                    "device_layout": False},
+    "trainer, GPU HSV/flip/warp + shared slots": {"gpu_augment": "force", "gpu_affine": "force",
+                                                  "shared_slots": "force"},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
+CHANNEL_FIRST_ROW = "trainer, GPU HSV/flip + shared slots, channel-first workers"
 GPU_ROW = "trainer, GPU HSV/flip"
 
 
@@ -123,6 +133,10 @@ def child(args: Any) -> int:
     work = Path(args.workdir)
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
+    if not options.pop("device_layout", True):
+        from pipeline_opt.integrations import _yolo_augment
+
+        _yolo_augment.DEVICE_LAYOUT = False
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
@@ -160,9 +174,11 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     report = json.loads(report_path.read_text())
     summary = json.loads((work / "pipeline_opt" / "integration.json").read_text())
     steps = report.get("steps") or []
+    gpu = summary.get("gpu_augment") or {}
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
             "steps": len(steps), "wall_s": wall, "shared_slots": summary.get("shared_slots"),
-            "gpu_augment_applied": (summary.get("gpu_augment") or {}).get("applied", False),
+            "gpu_augment_applied": gpu.get("applied", False),
+            "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
             "train_loader": summary.get("train_loader")}
 
 
@@ -211,6 +227,7 @@ def run(args: Any) -> Path:
         "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if vs_limit.get(SLOTS_ROW) is None
                     else vs_limit[SLOTS_ROW] >= 0.95},
         "slots_vs_gpu_augment": slots_vs_gpu,
+        "channel_last_vs_channel_first_workers": H.ratio(by.get(SLOTS_ROW), by.get(CHANNEL_FIRST_ROW)),
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,
         # a verdict needs repeated runs: one run per row has no spread to compare with
@@ -229,7 +246,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots"), ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp"), ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -257,7 +274,24 @@ def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
             missed = sum(1 for o in ok if not o.get("gpu_augment_applied"))
             if missed:
                 out.append(f"{name}: GPU augmentation not applied in {missed} of {len(ok)} runs")
+            wrong = sum(1 for o in ok if expected_moves(ROWS[name]) != set(o.get("moved_to_device") or ()))
+            if wrong:
+                out.append(f"{name}: moved other stages to the device than {sorted(expected_moves(ROWS[name]))} "
+                           f"in {wrong} of {len(ok)} runs")
     return out
+
+
+def expected_moves(options: dict[str, Any]) -> set[str]:
+    """The CPU stages a GPU row's ``attach`` options move to the device (ultralytics' defaults:
+    HSV, the horizontal flip; the warp with ``gpu_affine``; Format's copy unless ``device_layout`` is off)."""
+    from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
+
+    moved = {"RandomHSV", "RandomFlip(horizontal)"}
+    if options.get("gpu_affine"):
+        moved.add("RandomPerspective")
+    if options.get("device_layout", True):
+        moved.add(LAYOUT_STAGE)
+    return moved
 
 
 def limit_caveats(vs_limit: dict[str, float | None], spread: float | None, repeated: bool) -> list[str]:
@@ -276,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("--warmup", int), ("--imgsz", int), ("--batch", int), ("--workers", int)):
         p.add_argument(flag, type=kind, default=None, help=argparse_hidden())
     p.add_argument("--rows", default=None,
-                   help="comma-separated rows to run (default: all): limit, cpu, gpu, slots")
+                   help="comma-separated rows to run (default: all): " + ", ".join(ROW_KEYS))
     args = p.parse_args(argv)
     if args.child:
         H.setup_logging(args.verbose)

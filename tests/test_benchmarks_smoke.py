@@ -358,6 +358,18 @@ def test_yolo_trainer_row_selection_keeps_the_table_order_and_names_bad_keys():
                                              "trainer, GPU HSV/flip + shared slots"]
     with pytest.raises(SystemExit, match="unknown \\['gpus'\\]"):
         selected_rows("limit,gpus")
+    assert selected_rows("slots_warp,slots_chw") == ["trainer, GPU HSV/flip + shared slots, channel-first workers",
+                                                     "trainer, GPU HSV/flip/warp + shared slots"]
+
+
+def test_yolo_trainer_names_runs_that_moved_other_stages_than_their_row_says():
+    from benchmarks.bench_yolo_trainer import CHANNEL_FIRST_ROW, SLOTS_ROW, caveats
+
+    base = {"throughput": 1.0, "gpu_augment_applied": True, "shared_slots": {"applied": True}}
+    right = ["RandomHSV", "RandomFlip(horizontal)", "Format(channel-first RGB)"]
+    assert caveats({SLOTS_ROW: [{**base, "moved_to_device": right}]}) == []
+    (only,) = caveats({CHANNEL_FIRST_ROW: [{**base, "moved_to_device": right}]})  # the copy moved after all
+    assert only.startswith(CHANNEL_FIRST_ROW) and "1 of 1 runs" in only
 
 
 def test_yolo_trainer_names_rows_above_the_limit_beyond_the_spread():
@@ -379,7 +391,9 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     res = results["bench_yolo_trainer"]
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"limit: trainer on one replayed batch", "trainer, CPU augmentation", "trainer, GPU HSV/flip",
-                         "trainer, GPU HSV/flip + shared slots"}
+                         "trainer, GPU HSV/flip + shared slots",
+                         "trainer, GPU HSV/flip + shared slots, channel-first workers",
+                         "trainer, GPU HSV/flip/warp + shared slots"}
     assert set(res["summary"]["vs_limit"]) == set(rows) - {"limit: trainer on one replayed batch"}
     assert all(v > 0 for v in res["summary"]["vs_limit"].values())
     # every row applied what it names; the only caveats allowed are rows above the (noisy) limit
@@ -389,6 +403,13 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert slots_run["shared_slots"]["applied"] and slots_run["shared_slots"]["stats"]["slotted"] > 0
     (cpu_run,) = rows["trainer, CPU augmentation"]["meta"]["runs"]
     assert not cpu_run["gpu_augment_applied"] and not cpu_run["shared_slots"]["applied"]
+    assert cpu_run["moved_to_device"] == []
+    (first,) = rows["trainer, GPU HSV/flip + shared slots, channel-first workers"]["meta"]["runs"]
+    assert "Format(channel-first RGB)" in slots_run["moved_to_device"]
+    assert "Format(channel-first RGB)" not in first["moved_to_device"] and first["shared_slots"]["applied"]
+    (warp_run,) = rows["trainer, GPU HSV/flip/warp + shared slots"]["meta"]["runs"]
+    assert "RandomPerspective" in warp_run["moved_to_device"]
+    assert res["summary"]["channel_last_vs_channel_first_workers"] > 0
     assert res["summary"]["slots_gain_beyond_spread"] is None  # one run per row: no verdict
 
 

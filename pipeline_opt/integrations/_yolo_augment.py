@@ -10,6 +10,10 @@ Two halves that must always be applied together, or images are augmented twice (
 * :class:`GpuAugmentedPreprocess` wraps a ``preprocess_batch`` function: it moves the batch to the
   device, applies :class:`pipeline_opt.transforms.detection.DetectionGPUAugment` on the uint8
   images (autocast off) and then calls the original preprocessing (``/255``, multi-scale).
+* The workers' last image copy moves too: ``Format`` hands over each 3-channel image as it is,
+  height x width x channel (:class:`DeviceLayoutFormat`), instead of copying it into channel-first
+  RGB, and the device makes the batch channel-first RGB (:func:`to_channel_first_rgb`) before the
+  augmentation. The images the step sees are the same, bit for bit.
 
 The GPU augmentation is built from the ORIGINAL hyperparameters; the CPU stages are silenced on
 the transform objects, never in ``trainer.args``, so checkpoints and ``args.yaml`` keep the values
@@ -18,6 +22,7 @@ the user asked for.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +92,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
     Idempotent: stages already silenced are not listed again. Raises ``TypeError`` when the dataset
     has no ultralytics transform pipeline (a validation set, or not an ultralytics dataset).
     """
-    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+    from ultralytics.data.augment import Format, RandomFlip, RandomHSV, RandomPerspective
 
     root = getattr(dataset, "transforms", None)
     if root is None:
@@ -113,6 +118,8 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
+        elif isinstance(t, Format) and DEVICE_LAYOUT and _channel_first_on_device(t):
+            stages.append((LAYOUT_STAGE, {}))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
     return DisabledStages(tuple(stages))
@@ -166,6 +173,8 @@ def translate_image(img: Any, tx: int, ty: int, size: tuple[int, int]) -> Any:
     import numpy as np
 
     w, h = int(size[0]), int(size[1])
+    if tx <= 0 and ty <= 0 and img.shape[1] + tx >= w and img.shape[0] + ty >= h:  # no border: a plain crop
+        return np.ascontiguousarray(img[-ty:h - ty, -tx:w - tx])
     out = np.full((h, w, *img.shape[2:]), BORDER_VALUE, dtype=img.dtype)
     x0, y0 = max(0, tx), max(0, ty)  # the destination's part that has a source pixel
     x1, y1 = min(w, img.shape[1] + tx), min(h, img.shape[0] + ty)
@@ -195,6 +204,44 @@ class TranslationAsCrop:
         labels["resized_shape"] = out.shape[:2]
         self.crops += 1
         return labels
+
+
+LAYOUT_STAGE = "Format(channel-first RGB)"
+DEVICE_LAYOUT = True  # False: the workers keep Format's channel-first RGB copy (benchmarks compare both)
+
+
+def _channel_first_on_device(transform: Any) -> bool:
+    """Give ``Format`` a :class:`DeviceLayoutFormat` (True), unless it has one or no ``_format_img``."""
+    if not callable(getattr(type(transform), "_format_img", None)) or \
+            isinstance(transform.__dict__.get("_format_img"), DeviceLayoutFormat):
+        return False
+    transform._format_img = DeviceLayoutFormat(transform)
+    return True
+
+
+class DeviceLayoutFormat:
+    """``Format._format_img`` that leaves a 3-channel image height x width x channel, for the device.
+
+    ultralytics' ``Format`` copies every image into channel-first order and, with probability
+    ``1 - bgr`` (always, by default), reverses its channels from OpenCV's BGR to RGB: one strided
+    copy of the image per sample in the worker. Here the image is handed over as it is (no copy when
+    it is contiguous) and :func:`to_channel_first_rgb` does both on the device, for the whole batch.
+    The device always reverses the channels, so an image that ``Format`` would have left BGR is
+    reversed here first; the draw from ``random`` is the same as ``Format``'s, so the samples and the
+    random stream stay those of ultralytics. Other channel counts go to ``Format``'s own method.
+    """
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, img: Any) -> torch.Tensor:
+        import numpy as np
+
+        if img.ndim != 3 or img.shape[2] != 3:
+            return type(self.transform)._format_img(self.transform, img)
+        if not random.uniform(0, 1) > self.transform.bgr:  # Format keeps BGR: the device's reversal undoes this one
+            img = img[..., ::-1]
+        return torch.from_numpy(np.ascontiguousarray(img))
 
 
 class GpuAugmentedPreprocess:
@@ -239,7 +286,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
     Stages are matched by name in the order they were silenced; a stage that is active again
     (e.g. the trainer rebuilt the transforms from its args) is left as it is. Returns the names restored.
     """
-    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+    from ultralytics.data.augment import Format, RandomFlip, RandomHSV, RandomPerspective
 
     pending = list(disabled.stages)
     restored = []
@@ -250,6 +297,8 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             name = f"RandomFlip({t.direction})"
         elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in _AFFINE_GAINS):
             name = "RandomPerspective"
+        elif isinstance(t, Format) and isinstance(t.__dict__.get("_format_img"), DeviceLayoutFormat):
+            name = LAYOUT_STAGE
         else:
             continue
         match = next((i for i, (n, _) in enumerate(pending) if n == name), None)
@@ -260,6 +309,8 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             setattr(t, key, value)
         if name == "RandomPerspective":
             t.__dict__.pop("apply_image", None)  # the class's warp again
+        elif name == LAYOUT_STAGE:
+            t.__dict__.pop("_format_img", None)  # the class's channel-first RGB copy again
         restored.append(name)
     if restored:
         log.info("CPU augmentation restored: %s", ", ".join(restored))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
 from pipeline_opt.integrations._yolo_callbacks import AttachOptions
 from pipeline_opt.integrations._yolo_decide import AugmentDecision, AugmentSwitch
 from pipeline_opt.integrations.ultralytics import (
@@ -17,6 +18,7 @@ from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult
 
 COLOUR = ["RandomHSV", "RandomFlip(horizontal)"]
+MOVED = (*COLOUR, LAYOUT_STAGE)  # what the colour/flip decision moves: the stages and Format's copy
 ALL = ["RandomPerspective", *COLOUR]  # in the transforms' order
 
 
@@ -79,7 +81,7 @@ def test_a_warp_that_wins_moves_to_the_device_after_the_colour_decision(pipe):
     assert warp.applied and warp.subject == "gpu_affine" and warp.gain == pytest.approx(160 / 130 - 1)
     assert (warp.cpu_throughput, warp.gpu_throughput) == (pytest.approx(130.0), pytest.approx(160.0))
     assert "GPU warp kept" in warp.verdict and "GPU colour/flip + warp 160.0 vs GPU colour/flip 130.0" in warp.verdict
-    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*COLOUR, "RandomPerspective")
+    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*MOVED, "RandomPerspective")
     assert active_cpu_stages(pipe.dataset, affine=True) == []
     assert decide_yolo_augment(pipe, measure=fake) is colour and len(fake.seen) == 8  # decided once
 
@@ -95,7 +97,7 @@ def test_a_warp_that_loses_gives_the_workers_their_warp_back(pipe):
     assert (perspective.translate, perspective.scale) == gains and gains != (0.0, 0.0)
     assert "apply_image" not in vars(perspective)  # the class's warp again, not the crop
     assert active_cpu_stages(pipe.dataset, affine=True) == ["RandomPerspective"]
-    assert pipe.cpu_stages_disabled == tuple(COLOUR)
+    assert pipe.cpu_stages_disabled == MOVED
 
 
 def test_the_warp_is_not_tried_when_the_colour_stays_on_the_cpu(pipe):

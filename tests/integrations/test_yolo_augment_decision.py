@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
 from pipeline_opt.integrations._yolo_callbacks import AttachOptions
 from pipeline_opt.integrations.ultralytics import (
     YoloTuneResult,
@@ -16,6 +17,7 @@ from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult
 
 CPU_STAGES = ["RandomHSV", "RandomFlip(horizontal)"]
+MOVED = (*CPU_STAGES, LAYOUT_STAGE)  # what the GPU augmentation moves: the stages and Format's copy
 
 
 class FakeMeasure:
@@ -62,7 +64,7 @@ def _hsv_flip(dataset):
 
 
 def test_gpu_augment_that_loses_restores_the_cpu_stages(pipe):
-    assert pipe.gpu_augment_active and pipe.cpu_stages_disabled == tuple(CPU_STAGES)  # a candidate after build
+    assert pipe.gpu_augment_active and pipe.cpu_stages_disabled == MOVED  # a candidate after build
     fake = FakeMeasure(cpu=100.0, gpu=80.0, dataset=pipe.dataset)
     decision = decide_yolo_augment(pipe, measure=fake)
     assert [gpu for gpu, _ in fake.seen] == [False, True, False, True]  # interleaved A B A B
@@ -85,7 +87,7 @@ def test_gpu_augment_that_wins_beyond_the_noise_is_applied(pipe):
     assert decision.applied and decision.gain == pytest.approx(0.25)
     assert "GPU augmentation kept" in decision.verdict
     assert active_cpu_stages(pipe.dataset) == [] and pipe.step_fn.augment is pipe.augment
-    assert pipe.cpu_stages_disabled == tuple(CPU_STAGES)
+    assert pipe.cpu_stages_disabled == MOVED
     assert decision.to_dict()["gpu_throughput"] == pytest.approx(125.0)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from ultralytics.data.build import InfiniteDataLoader
 
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, DisabledStages, iter_transforms
 from pipeline_opt.integrations._yolo_tune import (
     config_changed,
     delivers_through_slots,
@@ -135,11 +136,78 @@ def test_a_silenced_affine_crops_the_mosaic_exactly_as_ultralytics_warps_it(yolo
         pipe.close()
 
 
+def _replayable_samples(ds, n=6, seed=3):
+    """``ds[0..n)`` drawn from the same Mosaic buffer and the same seeds at every call."""
+    import random
+
+    import numpy as np
+
+    state = (list(ds.buffer), list(ds.ims), list(ds.im_hw0), list(ds.im_hw))
+
+    def samples():
+        ds.buffer, ds.ims, ds.im_hw0, ds.im_hw = (list(x) for x in state)
+        random.seed(seed)
+        np.random.seed(seed)
+        return [ds[i] for i in range(n)]
+
+    return samples
+
+
+@pytest.mark.parametrize("bgr", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("affine", [False, True])
+def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, bgr, affine):
+    """Format's channel-first RGB copy moved to the device: same batches, bit for bit, any ``bgr``."""
+    from ultralytics.data.augment import Format
+
+    from pipeline_opt.integrations._yolo_augment import DeviceLayoutFormat, restore_cpu_augment
+    from pipeline_opt.integrations._yolo_step import images_to_device, preprocess_images
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
+    try:
+        ds = pipe.dataset
+        fmt = next(t for t in iter_transforms(ds.transforms) if isinstance(t, Format))
+        fmt.bgr = bgr
+        samples = _replayable_samples(ds)
+        disabled = disable_cpu_augment(ds, affine=affine)
+        assert disabled.names[-1] == LAYOUT_STAGE and isinstance(fmt.__dict__["_format_img"], DeviceLayoutFormat)
+        assert disable_cpu_augment(ds, affine=affine).names == ()  # installed once
+        moved = ds.collate_fn(samples())
+        assert moved["img"].shape == (6, 64, 64, 3) and moved["img"].dtype == torch.uint8
+        assert restore_cpu_augment(ds, DisabledStages(disabled.stages[-1:])) == [LAYOUT_STAGE]
+        assert "_format_img" not in fmt.__dict__
+        kept = ds.collate_fn(samples())  # the same stages silenced, Format as ultralytics built it
+        assert kept["img"].shape == (6, 3, 64, 64)
+        assert torch.equal(images_to_device(moved, torch.device("cpu"))["img"], kept["img"])
+        assert torch.equal(preprocess_images(dict(moved), torch.device("cpu"))["img"], kept["img"].float() / 255)
+        assert torch.equal(moved["bboxes"], kept["bboxes"]) and torch.equal(moved["batch_idx"], kept["batch_idx"])
+        assert images_to_device(kept, torch.device("cpu"))["img"] is kept["img"]  # channel-first stays as it is
+    finally:
+        pipe.close()
+
+
+def test_channel_last_delivery_leaves_other_channel_counts_to_format():
+    import numpy as np
+    from ultralytics.data.augment import Format
+
+    from pipeline_opt.integrations._yolo_augment import DeviceLayoutFormat
+    from pipeline_opt.integrations._yolo_step import delivered_channel_last
+
+    fmt = Format()
+    layout = DeviceLayoutFormat(fmt)
+    rng = np.random.default_rng(0)
+    for shape, want in (((40, 32), (1, 40, 32)), ((40, 32, 1), (1, 40, 32)), ((40, 32, 4), (4, 40, 32))):
+        assert tuple(layout(rng.integers(0, 256, size=shape, dtype=np.uint8)).shape) == want
+    img = rng.integers(0, 256, size=(40, 32, 3), dtype=np.uint8)
+    assert tuple(layout(img).shape) == (40, 32, 3)
+    assert delivered_channel_last(torch.zeros(2, 40, 32, 3)) and not delivered_channel_last(torch.zeros(2, 3, 40, 32))
+    assert not delivered_channel_last(torch.zeros(2, 4, 40, 32)) and not delivered_channel_last(torch.zeros(40, 32, 3))
+
+
 def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
     pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu", gpu_augment=True)
     try:
         assert isinstance(pipe.loader, InfiniteDataLoader) and pipe.loader.num_workers == 1
-        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)"}
+        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)", LAYOUT_STAGE}
         assert active_cpu_stages(pipe.dataset) == []
         tuned = rebuild_loader(pipe.loader, {"num_workers": 1, "pin_memory": False, "prefetch_factor": 1})
         assert type(tuned) is InfiniteDataLoader and tuned.dataset is pipe.dataset

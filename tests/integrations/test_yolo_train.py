@@ -8,6 +8,7 @@ import pytest
 from ultralytics import YOLO
 from ultralytics.data.build import InfiniteDataLoader
 
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
 from pipeline_opt.integrations.ultralytics import GpuAugmentedPreprocess, active_cpu_stages, attach
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.tune.measure import Measurement
@@ -68,7 +69,7 @@ def test_train_one_epoch_with_profile_tune_and_gpu_augment(yolo_data, tmp_path, 
     assert decision["noise"] == pytest.approx(0.01) and "GPU augmentation kept" in decision["verdict"]
     assert isinstance(trainer.preprocess_batch, GpuAugmentedPreprocess)
     assert active_cpu_stages(trainer.train_loader.dataset) == []
-    assert {s["name"] for s in run.disabled} == {"RandomHSV", "RandomFlip(horizontal)"}
+    assert {s["name"] for s in run.disabled} == {"RandomHSV", "RandomFlip(horizontal)", LAYOUT_STAGE}
     assert trainer.args.hsv_s == pytest.approx(0.7) and trainer.args.fliplr == pytest.approx(0.5)  # args untouched
     assert run.augment.calls >= len(trainer.train_loader)  # 4 training batches, plus the tuner's steps
     assert summary["gpu_augment"]["cpu_stages_still_active"] == []
