@@ -118,7 +118,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
-        elif isinstance(t, Format) and DEVICE_LAYOUT and _channel_first_on_device(t):
+        elif isinstance(t, Format) and DEVICE_LAYOUT and _install_device_layout(t):
             stages.append((LAYOUT_STAGE, {}))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
@@ -210,7 +210,7 @@ LAYOUT_STAGE = "Format(channel-first RGB)"
 DEVICE_LAYOUT = True  # False: the workers keep Format's channel-first RGB copy (benchmarks compare both)
 
 
-def _channel_first_on_device(transform: Any) -> bool:
+def _install_device_layout(transform: Any) -> bool:
     """Give ``Format`` a :class:`DeviceLayoutFormat` (True), unless it has one or no ``_format_img``."""
     if not callable(getattr(type(transform), "_format_img", None)) or \
             isinstance(transform.__dict__.get("_format_img"), DeviceLayoutFormat):
