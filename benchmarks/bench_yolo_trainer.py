@@ -274,9 +274,10 @@ def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
             missed = sum(1 for o in ok if not o.get("gpu_augment_applied"))
             if missed:
                 out.append(f"{name}: GPU augmentation not applied in {missed} of {len(ok)} runs")
-            wrong = sum(1 for o in ok if expected_moves(ROWS[name]) != set(o.get("moved_to_device") or ()))
+            expected = expected_moves(ROWS[name])
+            wrong = sum(1 for o in ok if expected != set(o.get("moved_to_device") or ()))
             if wrong:
-                out.append(f"{name}: moved other stages to the device than {sorted(expected_moves(ROWS[name]))} "
+                out.append(f"{name}: moved other stages to the device than {sorted(expected)} "
                            f"in {wrong} of {len(ok)} runs")
     return out
 

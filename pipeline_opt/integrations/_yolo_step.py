@@ -86,7 +86,7 @@ def to_channel_first_rgb(img: torch.Tensor) -> torch.Tensor:
     """(B, H, W, 3) BGR to ultralytics' (B, 3, H, W) RGB, contiguous; any other batch as it is."""
     if not delivered_channel_last(img):
         return img
-    return img.flip(-1).permute(0, 3, 1, 2).contiguous()
+    return torch.stack((img[..., 2], img[..., 1], img[..., 0]), 1)  # one copy: reversed and channel-first
 
 
 def preprocess_images(batch: dict, device: torch.device) -> dict:
