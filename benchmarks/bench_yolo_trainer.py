@@ -20,7 +20,10 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
                                                channel-first RGB as ultralytics does (before the
                                                channel-last delivery: _yolo_augment.DEVICE_LAYOUT off)
     trainer, GPU HSV/flip/warp + shared slots  attach(gpu_augment="force", gpu_affine="force",
-                                               shared_slots="force")
+                                               shared_slots="force"); the workers' Mosaic builds only the
+                                               window of its canvas that the silenced warp keeps
+    ..., full Mosaic canvas                    the same, with the workers' Mosaic building its whole
+                                               canvas as ultralytics does (_yolo_mosaic.MOSAIC_WINDOW off)
 
     python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
@@ -59,9 +62,13 @@ ROWS: dict[str, dict[str, Any]] = {
                                                                     "device_layout": False},
     "trainer, GPU HSV/flip/warp + shared slots": {"gpu_augment": "force", "gpu_affine": "force",
                                                   "shared_slots": "force"},
+    "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas": {"gpu_augment": "force", "gpu_affine": "force",
+                                                                      "shared_slots": "force", "mosaic_window": False},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
 CHANNEL_FIRST_ROW = "trainer, GPU HSV/flip + shared slots, channel-first workers"
+WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
+WARP_FULL_CANVAS_ROW = "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"
 GPU_ROW = "trainer, GPU HSV/flip"
 
 
@@ -137,6 +144,10 @@ def child(args: Any) -> int:
         from pipeline_opt.integrations import _yolo_augment
 
         _yolo_augment.DEVICE_LAYOUT = False
+    if not options.pop("mosaic_window", True):
+        from pipeline_opt.integrations import _yolo_mosaic
+
+        _yolo_mosaic.MOSAIC_WINDOW = False
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
@@ -224,10 +235,11 @@ def run(args: Any) -> Path:
     summary = {
         "vs_limit": vs_limit,
         "rows_run": names,
-        "targets": {f"{SLOTS_ROW} >= 0.95x limit": None if vs_limit.get(SLOTS_ROW) is None
-                    else vs_limit[SLOTS_ROW] >= 0.95},
+        "targets": {f"{row} >= 0.95x limit": None if vs_limit.get(row) is None else vs_limit[row] >= 0.95
+                    for row in (SLOTS_ROW, WARP_ROW)},
         "slots_vs_gpu_augment": slots_vs_gpu,
         "channel_last_vs_channel_first_workers": H.ratio(by.get(SLOTS_ROW), by.get(CHANNEL_FIRST_ROW)),
+        "mosaic_window_vs_full_canvas": H.ratio(by.get(WARP_ROW), by.get(WARP_FULL_CANVAS_ROW)),
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,
         # a verdict needs repeated runs: one run per row has no spread to compare with
@@ -246,7 +258,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp"), ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp", "slots_warp_full"), ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -284,12 +296,15 @@ def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def expected_moves(options: dict[str, Any]) -> set[str]:
     """The CPU stages a GPU row's ``attach`` options move to the device (ultralytics' defaults:
-    HSV, the horizontal flip; the warp with ``gpu_affine``; Format's copy unless ``device_layout`` is off)."""
-    from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
+    HSV, the horizontal flip; the warp with ``gpu_affine``, and then the Mosaic canvas's outside unless
+    ``mosaic_window`` is off; Format's copy unless ``device_layout`` is off)."""
+    from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE
 
     moved = {"RandomHSV", "RandomFlip(horizontal)"}
     if options.get("gpu_affine"):
         moved.add("RandomPerspective")
+        if options.get("mosaic_window", True):
+            moved.add(MOSAIC_STAGE)
     if options.get("device_layout", True):
         moved.add(LAYOUT_STAGE)
     return moved

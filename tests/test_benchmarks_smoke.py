@@ -544,3 +544,16 @@ def test_yolo_gap_rows_and_cpu_load(results):
     assert sum(course["throughput"]) > 0
     gpu_row = next(r for r in res["rows"] if r["name"] == "cache=ram + GPU HSV/flip")
     assert "RandomHSV" in gpu_row["meta"]["cpu_stages_disabled"]
+
+
+def test_yolo_worker_stages_times_each_variant_and_names_bad_ones(tmp_path):
+    from benchmarks.yolo_worker_stages import main
+
+    assert main(["--out", str(tmp_path), "--samples", "20", "--runs", "1", "--variants", "window,full"]) == 0
+    record = json.loads((tmp_path / "yolo_worker_stages.json").read_text())
+    assert set(record["runs"]) == {"window", "full"} and all(len(r) == 1 for r in record["runs"].values())
+    for variant in ("window", "full"):
+        ms = record["medians_ms"][variant]
+        assert ms["getitem"] > 0 and 0 < ms["pre:Mosaic"] < ms["getitem"] and ms["load_image"] > 0
+    with pytest.raises(SystemExit, match="unknown \\['mosaic'\\]"):
+        main(["--out", str(tmp_path), "--variants", "window,mosaic"])

@@ -10,6 +10,8 @@ Two halves that must always be applied together, or images are augmented twice (
 * :class:`GpuAugmentedPreprocess` wraps a ``preprocess_batch`` function: it moves the batch to the
   device, applies :class:`pipeline_opt.transforms.detection.DetectionGPUAugment` on the uint8
   images (autocast off) and then calls the original preprocessing (``/255``, multi-scale).
+* With the warp on the device, Mosaic builds only the window of its canvas that the silenced warp
+  keeps (:mod:`~pipeline_opt.integrations._yolo_mosaic`), and the crop keeps that window as it is.
 * The workers' last image copy moves too: ``Format`` hands over each 3-channel image as it is,
   height x width x channel (:class:`DeviceLayoutFormat`), instead of copying it into channel-first
   RGB, and the device makes the batch channel-first RGB (:func:`to_channel_first_rgb`) before the
@@ -30,12 +32,19 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations._yolo_mosaic import (
+    MOSAIC_STAGE,
+    MosaicWindow,
+    WindowParams,
+    install_mosaic_windows,
+    remove_mosaic_window,
+)
 from pipeline_opt.integrations._yolo_step import images_to_device
+from pipeline_opt.integrations._yolo_walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")
 
 _AFFINE_GAINS = ("degrees", "translate", "scale", "shear", "perspective")
-_MAX_DEPTH = 6
 
 
 @dataclass(frozen=True)
@@ -50,40 +59,6 @@ class DisabledStages:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stages": [{"name": n, "before": dict(b)} for n, b in self.stages]}
-
-
-def _unwrap(obj: Any) -> Any:
-    """The transform under a profiler wrapper (``TimedTransform`` keeps it in ``_inner``)."""
-    for _ in range(_MAX_DEPTH):
-        inner = getattr(obj, "_inner", None) if type(obj).__name__ == "TimedTransform" else None
-        if inner is None:
-            return obj
-        obj = inner
-    return obj
-
-
-def iter_transforms(root: Any) -> list[Any]:
-    """Every transform object reachable from ``root`` (Compose lists, ``pre_transform``), each once."""
-    out: list[Any] = []
-    seen: set[int] = set()
-
-    def visit(node: Any, depth: int) -> None:
-        node = _unwrap(node)
-        if node is None or id(node) in seen or depth > _MAX_DEPTH:
-            return
-        seen.add(id(node))
-        children = getattr(node, "transforms", None)
-        if isinstance(children, list):
-            for child in children:
-                visit(child, depth + 1)
-        else:
-            out.append(node)
-        pre = getattr(node, "pre_transform", None)
-        if pre is not None:
-            visit(pre, depth + 1)
-
-    visit(root, 0)
-    return out
 
 
 def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages:
@@ -120,6 +95,8 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                 stages.append(("RandomPerspective", before))
         elif isinstance(t, Format) and DEVICE_LAYOUT and _install_device_layout(t):
             stages.append((LAYOUT_STAGE, {}))
+    if affine:
+        stages.extend((MOSAIC_STAGE, {}) for _ in range(install_mosaic_windows(root)))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
     return DisabledStages(tuple(stages))
@@ -148,10 +125,12 @@ def _crop_instead_of_warp(transform: Any) -> None:
 
     With every gain at 0 its matrix is a whole-pixel translation, and ``cv2.warpAffine`` then
     makes only a crop of the Mosaic canvas at the cost of a full bilinear warp (a few ms per
-    image in every worker). Versions whose ``RandomPerspective`` has no ``apply_image`` keep
-    their warp."""
-    if callable(getattr(type(transform), "apply_image", None)):
+    image in every worker). Its ``get_params`` learns to take a Mosaic window
+    (:class:`~pipeline_opt.integrations._yolo_mosaic.WindowParams`). Versions whose
+    ``RandomPerspective`` has no ``apply_image`` / ``get_params`` keep their warp."""
+    if callable(getattr(type(transform), "apply_image", None)) and callable(getattr(type(transform), "get_params", None)):
         transform.apply_image = TranslationAsCrop(transform)
+        transform.get_params = WindowParams(transform)
 
 
 def integer_translation(M: Any) -> tuple[int, int] | None:
@@ -185,7 +164,13 @@ def translate_image(img: Any, tx: int, ty: int, size: tuple[int, int]) -> Any:
 
 class TranslationAsCrop:
     """``RandomPerspective.apply_image`` for a stage whose gains are all 0: a whole-pixel translation
-    is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp."""
+    is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp.
+
+    An image that is only a window of the Mosaic canvas (``params["window"]``, see
+    :mod:`~pipeline_opt.integrations._yolo_mosaic`) is cropped relative to the window, which must hold
+    the whole crop; where the crop is the window itself, the image is kept without a copy."""
+
+    takes_windows = True
 
     def __init__(self, transform: Any) -> None:
         self.transform = transform
@@ -195,7 +180,10 @@ class TranslationAsCrop:
         t = self.transform
         shift = None if params is None or t.perspective else integer_translation(params.get("M"))
         img = labels.get("img")
-        if shift is None or img is None or img.ndim not in (2, 3):
+        window = None if params is None else params.get("window")
+        if window is not None:
+            shift = _shift_in_window(shift, window, img, params["size"])
+        elif shift is None or img is None or img.ndim not in (2, 3):
             return type(t).apply_image(t, labels, params)
         out = translate_image(img, shift[0], shift[1], params["size"])
         if out.ndim == 2 or out.shape[2] == 1:  # cv2 returns HxW for one channel; ultralytics adds it back
@@ -204,6 +192,24 @@ class TranslationAsCrop:
         labels["resized_shape"] = out.shape[:2]
         self.crops += 1
         return labels
+
+
+def _shift_in_window(shift: tuple[int, int] | None, window: tuple[int, int], img: Any,
+                     size: tuple[int, int]) -> tuple[int, int]:
+    """The crop's shift relative to a Mosaic window at ``window`` = ``(x0, y0)`` on the canvas.
+
+    Raises ``RuntimeError`` when the window cannot serve the crop (a real warp, or a crop reaching
+    past the window): :class:`~pipeline_opt.integrations._yolo_mosaic.MosaicWindow` builds a window
+    only where the silenced warp's crop is exactly that window, so this is a bug, never a fall-back."""
+    if shift is not None and img is not None and img.ndim in (2, 3):
+        tx, ty = shift[0] + window[0], shift[1] + window[1]
+        if tx <= 0 and ty <= 0 and img.shape[1] + tx >= size[0] and img.shape[0] + ty >= size[1]:
+            return tx, ty
+    raise RuntimeError(
+        f"pipeline_opt built a Mosaic window at {tuple(window)} of shape "
+        f"{None if img is None else img.shape} that the warp cannot crop (shift {shift}, size {tuple(size)}); "
+        "set pipeline_opt.integrations._yolo_mosaic.MOSAIC_WINDOW = False and report this"
+    )
 
 
 LAYOUT_STAGE = "Format(channel-first RGB)"
@@ -286,7 +292,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
     Stages are matched by name in the order they were silenced; a stage that is active again
     (e.g. the trainer rebuilt the transforms from its args) is left as it is. Returns the names restored.
     """
-    from ultralytics.data.augment import Format, RandomFlip, RandomHSV, RandomPerspective
+    from ultralytics.data.augment import Format, Mosaic, RandomFlip, RandomHSV, RandomPerspective
 
     pending = list(disabled.stages)
     restored = []
@@ -299,6 +305,8 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             name = "RandomPerspective"
         elif isinstance(t, Format) and isinstance(t.__dict__.get("_format_img"), DeviceLayoutFormat):
             name = LAYOUT_STAGE
+        elif isinstance(t, Mosaic) and isinstance(t.__dict__.get("apply_image"), MosaicWindow):
+            name = MOSAIC_STAGE
         else:
             continue
         match = next((i for i, (n, _) in enumerate(pending) if n == name), None)
@@ -309,8 +317,11 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             setattr(t, key, value)
         if name == "RandomPerspective":
             t.__dict__.pop("apply_image", None)  # the class's warp again
+            t.__dict__.pop("get_params", None)
         elif name == LAYOUT_STAGE:
             t.__dict__.pop("_format_img", None)  # the class's channel-first RGB copy again
+        elif name == MOSAIC_STAGE:
+            remove_mosaic_window(t)  # the class's full canvas again
         restored.append(name)
     if restored:
         log.info("CPU augmentation restored: %s", ", ".join(restored))

@@ -30,6 +30,7 @@ import torch
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard
 from pipeline_opt.integrations._yolo_augment import DisabledStages, disable_cpu_augment, restore_cpu_augment
+from pipeline_opt.integrations._yolo_mosaic import MOSAIC_STAGE
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
@@ -39,7 +40,7 @@ from pipeline_opt.tune.search import MIN_GAIN, accept, repeat_noise
 log = get_logger("integrations.ultralytics")
 
 FORCE = "force"
-_WARP_STAGE = "RandomPerspective"
+_WARP_STAGES = ("RandomPerspective", MOSAIC_STAGE)  # what the warp's move silences (and set_affine(False) restores)
 
 
 def check_gpu_augment(value: Any, name: str = "gpu_augment") -> None:
@@ -98,10 +99,10 @@ class AugmentSwitch:
             more = disable_cpu_augment(self.dataset, affine=True)
             self.disabled = DisabledStages(self.disabled.stages + more.stages)
         elif not on:
-            warp = tuple(s for s in self.disabled.stages if s[0] == _WARP_STAGE)
+            warp = tuple(s for s in self.disabled.stages if s[0] in _WARP_STAGES)
             if warp:
                 restore_cpu_augment(self.dataset, DisabledStages(warp))
-            self.disabled = DisabledStages(tuple(s for s in self.disabled.stages if s[0] != _WARP_STAGE))
+            self.disabled = DisabledStages(tuple(s for s in self.disabled.stages if s[0] not in _WARP_STAGES))
         self.augment.warp_enabled = on
         self.affine = on
 

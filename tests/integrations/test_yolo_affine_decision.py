@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
 from pipeline_opt.integrations._yolo_callbacks import AttachOptions
 from pipeline_opt.integrations._yolo_decide import AugmentDecision, AugmentSwitch
 from pipeline_opt.integrations.ultralytics import (
@@ -58,8 +58,6 @@ def pipe(yolo_data):
 def _perspective(dataset):
     from ultralytics.data.augment import RandomPerspective
 
-    from pipeline_opt.integrations._yolo_augment import iter_transforms
-
     return next(t for t in iter_transforms(dataset.transforms) if isinstance(t, RandomPerspective))
 
 
@@ -81,7 +79,8 @@ def test_a_warp_that_wins_moves_to_the_device_after_the_colour_decision(pipe):
     assert warp.applied and warp.subject == "gpu_affine" and warp.gain == pytest.approx(160 / 130 - 1)
     assert (warp.cpu_throughput, warp.gpu_throughput) == (pytest.approx(130.0), pytest.approx(160.0))
     assert "GPU warp kept" in warp.verdict and "GPU colour/flip + warp 160.0 vs GPU colour/flip 130.0" in warp.verdict
-    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*MOVED, "RandomPerspective")
+    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*MOVED, "RandomPerspective",
+                                                                                              MOSAIC_STAGE)
     assert active_cpu_stages(pipe.dataset, affine=True) == []
     assert decide_yolo_augment(pipe, measure=fake) is colour and len(fake.seen) == 8  # decided once
 
@@ -96,6 +95,8 @@ def test_a_warp_that_loses_gives_the_workers_their_warp_back(pipe):
     assert pipe.gpu_augment_active and not pipe.gpu_affine_active and not pipe.augment.warps
     assert (perspective.translate, perspective.scale) == gains and gains != (0.0, 0.0)
     assert "apply_image" not in vars(perspective)  # the class's warp again, not the crop
+    mosaic = next(t for t in iter_transforms(pipe.dataset.transforms) if type(t).__name__ == "Mosaic")
+    assert "apply_image" not in vars(mosaic)  # and the whole Mosaic canvas for it
     assert active_cpu_stages(pipe.dataset, affine=True) == ["RandomPerspective"]
     assert pipe.cpu_stages_disabled == MOVED
 

@@ -169,11 +169,12 @@ def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, bgr, af
         fmt.bgr = bgr
         samples = _replayable_samples(ds)
         disabled = disable_cpu_augment(ds, affine=affine)
-        assert disabled.names[-1] == LAYOUT_STAGE and isinstance(fmt.__dict__["_format_img"], DeviceLayoutFormat)
+        layout = DisabledStages(tuple(s for s in disabled.stages if s[0] == LAYOUT_STAGE))
+        assert layout.names == (LAYOUT_STAGE,) and isinstance(fmt.__dict__["_format_img"], DeviceLayoutFormat)
         assert disable_cpu_augment(ds, affine=affine).names == ()  # installed once
         moved = ds.collate_fn(samples())
         assert moved["img"].shape == (6, 64, 64, 3) and moved["img"].dtype == torch.uint8
-        assert restore_cpu_augment(ds, DisabledStages(disabled.stages[-1:])) == [LAYOUT_STAGE]
+        assert restore_cpu_augment(ds, layout) == [LAYOUT_STAGE]
         assert "_format_img" not in fmt.__dict__
         kept = ds.collate_fn(samples())  # the same stages silenced, Format as ultralytics built it
         assert kept["img"].shape == (6, 3, 64, 64)

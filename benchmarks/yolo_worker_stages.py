@@ -1,0 +1,119 @@
+"""Per-sample time of an ultralytics training dataset's stages in one process (no DataLoader, no GPU).
+
+The trainer-free YOLO pipeline (``gpu_augment="force", gpu_affine="force"``, batch 64, 640 px, 256
+synthetic 640x480 JPEGs) is built in a child process per run, and ``dataset[i]`` plus each stage is
+timed over ``--samples`` samples after a warm-up. Variants, run alternately ``--runs`` times each:
+
+    window   the default: Mosaic builds only the window the silenced warp keeps, channel-last Format
+    full     Mosaic builds its whole canvas (``_yolo_mosaic.MOSAIC_WINDOW = False``)
+    chw      Format copies each image into channel-first RGB (``_yolo_augment.DEVICE_LAYOUT = False``)
+
+    python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--variants window,full]
+
+Writes ``DIR/yolo_worker_stages.json`` (ms per sample per stage and run, host CPU, versions) and prints a
+Markdown table of the medians. A CPU-side measurement: it says where a worker's time goes, not what the
+trainer gains (``bench_yolo_trainer`` measures that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VARIANTS = ("window", "full", "chw")
+WARMUP = 300  # samples before timing: every worker-side cache and the Mosaic buffer filled
+
+
+def child(variant: str, samples: int) -> dict[str, float]:
+    """One run of ``variant``: ms per sample for ``getitem``, ``load_image`` and each stage."""
+    import cv2
+
+    from pipeline_opt.datasets import make_yolo_dataset
+    from pipeline_opt.integrations import _yolo_augment, _yolo_mosaic
+    from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
+
+    cv2.setNumThreads(0)  # as in a DataLoader worker
+    _yolo_mosaic.MOSAIC_WINDOW = variant != "full"
+    _yolo_augment.DEVICE_LAYOUT = variant != "chw"
+    data = make_yolo_dataset(n_train=256, n_val=8, size=(640, 480), seed=0)
+    pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force")
+    times: dict[str, float] = collections.defaultdict(float)
+
+    def timed(fn, name):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            times[name] += time.perf_counter() - start
+            return out
+        return call
+
+    try:
+        ds = pipe.dataset
+        ds.load_image = timed(ds.load_image, "load_image")
+        top = ds.transforms.transforms
+        inner = top[0].transforms  # Mosaic, CopyPaste, RandomPerspective
+        for i, t in enumerate(list(inner)):
+            inner[i] = timed(t, "pre:" + type(t).__name__)
+        for i, t in enumerate(list(top[1:]), start=1):
+            top[i] = timed(t, type(t).__name__)
+        for i in range(WARMUP):
+            ds[i % len(ds)]
+        times.clear()
+        for i in range(samples):
+            start = time.perf_counter()
+            ds[i % len(ds)]
+            times["getitem"] += time.perf_counter() - start
+        return {name: 1000 * total / samples for name, total in times.items()}
+    finally:
+        pipe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--samples", type=int, default=1000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--variants", default="window,full")
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.samples)))
+        return 0
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        raise SystemExit(f"--variants {args.variants!r}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    from benchmarks import harness as H
+
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for r in range(args.runs):
+        for v in variants if r % 2 == 0 else variants[::-1]:  # alternate the order between rounds
+            out = subprocess.run([sys.executable, "-m", "benchmarks.yolo_worker_stages", "--out", str(args.out),
+                                  "--samples", str(args.samples), "--child", v],
+                                 capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    stages = sorted({k for rs in runs.values() for run in rs for k in run}, key=lambda k: (k != "getitem", k))
+    medians = {v: {k: statistics.median(run.get(k, 0.0) for run in rs) for k in stages} for v, rs in runs.items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"samples": args.samples, "runs": runs, "medians_ms": medians, "env": H.environment(),
+              "commit": os.environ.get("PO_COMMIT", "unknown")}
+    (args.out / "yolo_worker_stages.json").write_text(json.dumps(record, indent=2))
+    lines = [f"| stage (ms/sample, median of {args.runs}) | {' | '.join(variants)} |",
+             "|---|" + "---:|" * len(variants)]
+    lines += [f"| {k} | " + " | ".join(f"{medians[v][k]:.2f}" for v in variants) + " |" for k in stages]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
