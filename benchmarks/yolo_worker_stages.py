@@ -1,18 +1,24 @@
-"""Per-sample time of an ultralytics training dataset's stages in one process (no DataLoader, no GPU).
+"""Per-sample time of an ultralytics training dataset's stages in one process (no GPU).
 
-The trainer-free YOLO pipeline (``gpu_augment="force", gpu_affine="force"``, batch 64, 640 px, 256
-synthetic 640x480 JPEGs) is built in a child process per run, and ``dataset[i]`` plus each stage is
-timed over ``--samples`` samples after a warm-up. Variants, run alternately ``--runs`` times each:
+The trainer-free YOLO pipeline (``gpu_augment="force", gpu_affine="force"``, batch 64, 640 px, synthetic
+640x480 JPEGs: ``--images``, 2048 by default as in ``bench_yolo_trainer``) is built in a child process
+per run, and ``dataset[i]`` plus each stage is timed over ``--samples`` samples after a warm-up.
+Variants, run alternately ``--runs`` times each:
 
     window   the default: Mosaic builds only the window the silenced warp keeps, channel-last Format
     full     Mosaic builds its whole canvas (``_yolo_mosaic.MOSAIC_WINDOW = False``)
     chw      Format copies each image into channel-first RGB (``_yolo_augment.DEVICE_LAYOUT = False``)
 
     python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--variants window,full]
+        [--loader-batches 30 --workers 2]
+
+With ``--loader-batches N`` each run also iterates the same pipeline's DataLoader with ``--workers``
+worker processes (batch 64, no model, no device copy) and records the images per second it delivers
+over ``N`` batches after ``--loader-warmup`` batches.
 
 Writes ``DIR/yolo_worker_stages.json`` (ms per sample per stage and run, host CPU, versions) and prints a
-Markdown table of the medians. A CPU-side measurement: it says where a worker's time goes, not what the
-trainer gains (``bench_yolo_trainer`` measures that).
+Markdown table of the medians. A CPU-side measurement: it says where a worker's time goes and what the
+workers deliver, not what the trainer gains (``bench_yolo_trainer`` measures that).
 """
 
 from __future__ import annotations
@@ -34,8 +40,30 @@ VARIANTS = ("window", "full", "chw")
 WARMUP = 300  # samples before timing: every worker-side cache and the Mosaic buffer filled
 
 
-def child(variant: str, samples: int) -> dict[str, float]:
-    """One run of ``variant``: ms per sample for ``getitem``, ``load_image`` and each stage."""
+def loader_rate(data: str, workers: int, batches: int, warmup: int) -> float:
+    """Images per second the pipeline's DataLoader delivers with ``workers`` processes (no model)."""
+    from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
+
+    pipe = build_yolo_pipeline(data, batch=64, workers=workers, device="cpu", gpu_augment="force",
+                               gpu_affine="force")
+    def endless():  # ultralytics' InfiniteDataLoader keeps its workers but ends each iter() after an epoch
+        while True:
+            yield from pipe.loader
+
+    try:
+        it = endless()
+        for _ in range(warmup):
+            next(it)
+        start = time.perf_counter()
+        images = sum(len(next(it)["img"]) for _ in range(batches))
+        return images / (time.perf_counter() - start)
+    finally:
+        pipe.close()
+
+
+def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int, int] = (0, 0, 0)) -> dict[str, float]:
+    """One run of ``variant``: ms per sample for ``getitem``, ``load_image`` and each stage; with
+    ``loader`` = ``(workers, batches, warmup)`` and batches > 0, ``loader_img_s`` too."""
     import cv2
 
     from pipeline_opt.datasets import make_yolo_dataset
@@ -45,7 +73,7 @@ def child(variant: str, samples: int) -> dict[str, float]:
     cv2.setNumThreads(0)  # as in a DataLoader worker
     _yolo_mosaic.MOSAIC_WINDOW = variant != "full"
     _yolo_augment.DEVICE_LAYOUT = variant != "chw"
-    data = make_yolo_dataset(n_train=256, n_val=8, size=(640, 480), seed=0)
+    data = make_yolo_dataset(n_train=images, n_val=8, size=(640, 480), seed=0)
     pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force")
     times: dict[str, float] = collections.defaultdict(float)
 
@@ -73,21 +101,29 @@ def child(variant: str, samples: int) -> dict[str, float]:
             start = time.perf_counter()
             ds[i % len(ds)]
             times["getitem"] += time.perf_counter() - start
-        return {name: 1000 * total / samples for name, total in times.items()}
+        out = {name: 1000 * total / samples for name, total in times.items()}
     finally:
         pipe.close()
+    if loader[1] > 0:
+        out["loader_img_s"] = loader_rate(data, *loader)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--samples", type=int, default=1000)
+    p.add_argument("--images", type=int, default=2048)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--variants", default="window,full")
+    p.add_argument("--loader-batches", type=int, default=0)
+    p.add_argument("--loader-warmup", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.samples)))
+        loader = (args.workers, args.loader_batches, args.loader_warmup)
+        print(json.dumps(child(args.child, args.samples, args.images, loader)))
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -99,16 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.runs):
         for v in variants if r % 2 == 0 else variants[::-1]:  # alternate the order between rounds
             out = subprocess.run([sys.executable, "-m", "benchmarks.yolo_worker_stages", "--out", str(args.out),
-                                  "--samples", str(args.samples), "--child", v],
-                                 capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+                                  "--samples", str(args.samples), "--images", str(args.images), "--child", v,
+                                  "--loader-batches", str(args.loader_batches),
+                                  "--loader-warmup", str(args.loader_warmup), "--workers", str(args.workers)],
+                                 capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+            if out.returncode:
+                raise SystemExit(f"variant {v!r} failed (exit status {out.returncode}):\n{out.stderr[-3000:]}")
             runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    stages = sorted({k for rs in runs.values() for run in rs for k in run}, key=lambda k: (k != "getitem", k))
+    stages = sorted({k for rs in runs.values() for run in rs for k in run},
+                    key=lambda k: (k != "loader_img_s", k != "getitem", k))
     medians = {v: {k: statistics.median(run.get(k, 0.0) for run in rs) for k in stages} for v, rs in runs.items()}
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"samples": args.samples, "runs": runs, "medians_ms": medians, "env": H.environment(),
+    record = {"samples": args.samples, "images": args.images, "loader": {"workers": args.workers, "batches": args.loader_batches,
+                                                 "warmup": args.loader_warmup}, "runs": runs, "medians_ms": medians, "env": H.environment(),
               "commit": os.environ.get("PO_COMMIT", "unknown")}
     (args.out / "yolo_worker_stages.json").write_text(json.dumps(record, indent=2))
-    lines = [f"| stage (ms/sample, median of {args.runs}) | {' | '.join(variants)} |",
+    lines = [f"| stage (ms/sample; loader_img_s: images/s; median of {args.runs}) | {' | '.join(variants)} |",
              "|---|" + "---:|" * len(variants)]
     lines += [f"| {k} | " + " | ".join(f"{medians[v][k]:.2f}" for v in variants) + " |" for k in stages]
     print("\n".join(lines))

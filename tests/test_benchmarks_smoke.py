@@ -549,11 +549,13 @@ def test_yolo_gap_rows_and_cpu_load(results):
 def test_yolo_worker_stages_times_each_variant_and_names_bad_ones(tmp_path):
     from benchmarks.yolo_worker_stages import main
 
-    assert main(["--out", str(tmp_path), "--samples", "20", "--runs", "1", "--variants", "window,full"]) == 0
+    assert main(["--out", str(tmp_path), "--samples", "20", "--images", "64", "--runs", "1",
+                 "--variants", "window,full", "--loader-batches", "2", "--loader-warmup", "1", "--workers", "1"]) == 0
     record = json.loads((tmp_path / "yolo_worker_stages.json").read_text())
     assert set(record["runs"]) == {"window", "full"} and all(len(r) == 1 for r in record["runs"].values())
     for variant in ("window", "full"):
         ms = record["medians_ms"][variant]
         assert ms["getitem"] > 0 and 0 < ms["pre:Mosaic"] < ms["getitem"] and ms["load_image"] > 0
+        assert ms["loader_img_s"] > 0
     with pytest.raises(SystemExit, match="unknown \\['mosaic'\\]"):
         main(["--out", str(tmp_path), "--variants", "window,mosaic"])
