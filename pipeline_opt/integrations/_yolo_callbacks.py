@@ -428,7 +428,8 @@ class YoloIntegration:
         t = run.trainer
         main = run.profiler.result()
         run.report = build_report(main, run.collector.read(), loader_config=run.loader_config, device=t.device,
-                                  model=inner_model(t.model), limit_throughput=None)
+                                  model=inner_model(t.model), limit_throughput=None,
+                                  dataset=getattr(t, "train_loader", None))
         if run.rank is None:
             run.report.save(run.out_dir)
         else:  # a collective: every rank ends its window at the same step

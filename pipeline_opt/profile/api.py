@@ -107,7 +107,7 @@ def profile(
             del replay
         collector.close()
         report = build_report(main, collector.read(), loader_config=config, device=dev, model=model,
-                              limit_throughput=limit_tp)
+                              limit_throughput=limit_tp, dataset=loader)
     finally:
         collector.close()
     log.info("profiled %d steps: %.1f samples/s, bottleneck %s", len(report.steps), report.throughput,

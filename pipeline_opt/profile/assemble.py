@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pipeline_opt.profile.collector import WorkerRecord
+from pipeline_opt.profile.decode_advice import decode_advice
 from pipeline_opt.profile.diagnosis import Measurements, diagnose
 from pipeline_opt.profile.main_profiler import MainResult, median
 from pipeline_opt.profile.report import ProfileReport
@@ -82,8 +83,9 @@ def _clamp(x: float) -> float:
 
 def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_config: dict[str, Any],
                  device: torch.device, model: torch.nn.Module | None,
-                 limit_throughput: float | None) -> ProfileReport:
-    """The report for one profiling session."""
+                 limit_throughput: float | None, dataset: Any = None) -> ProfileReport:
+    """The report for one profiling session (``dataset``: the loader or its dataset, for advice that
+    names the dataset's own settings)."""
     steps = main.steps
     if not steps:
         raise RuntimeError("no step was measured: run at least warm-up + 1 steps before asking for the report")
@@ -129,6 +131,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         has_conv=has_conv,
         throughput=throughput,
         limit_throughput=limit_throughput,
+        decode_advice=decode_advice(dataset),
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),

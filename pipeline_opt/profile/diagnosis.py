@@ -25,6 +25,8 @@ GPU_IDLE_LOW = 0.15  # compute-bound when the GPU idles less than this
 GPU_IDLE_HIGH = 0.30  # launch-bound when it idles more than this with a low data wait
 SYNC_HIGH = 0.25  # sync-bound above this share of the window in sync ops
 TRANSFORM_SHARE = 0.05  # a transform worth naming takes at least this share of sample time
+OUTSIDE_SHARE = 0.5  # reading / decoding worth code changes: at least this share of sample time
+SETTING_SHARE = 0.3  # ... worth one setting of the dataset's own (Measurements.decode_advice)
 
 # Tensor-level / simple geometric transforms with a GPU counterpart (po.transforms / Kornia).
 GPU_CAPABLE = frozenset({
@@ -72,6 +74,7 @@ class Measurements:
     has_conv: bool = False
     throughput: float = 0.0
     limit_throughput: float | None = None
+    decode_advice: str = ""  # the dataset's own setting that removes its decode (profile.decode_advice)
 
 
 @dataclass(frozen=True)
@@ -208,9 +211,11 @@ def _transform_recommendations(m: Measurements) -> list[str]:
         recs.append(f"install Pillow-SIMD: resizing is {_pct(resize)} of worker time and Pillow-SIMD resizes 5-8x "
                     "faster (pip uninstall -y pillow && CC=\"cc -mavx2\" pip install --no-cache-dir --no-deps "
                     "pillow-simd)")
-    transformed = sum(s for _, s in shares)
-    if shares and transformed < 0.5:
-        recs.append(f"{_pct(1 - transformed)} of sample time is outside the transforms (reading / decoding): "
+    outside = 1 - sum(s for _, s in shares)
+    if shares and m.decode_advice and outside >= SETTING_SHARE:
+        recs.append(f"{_pct(outside)} of sample time is outside the transforms: {m.decode_advice}")
+    elif shares and outside > OUTSIDE_SHARE:
+        recs.append(f"{_pct(outside)} of sample time is outside the transforms (reading / decoding): "
                     "decode at reduced size (PIL Image.draft) or on the GPU (torchvision.io.decode_jpeg(device='cuda'))")
     return recs
 

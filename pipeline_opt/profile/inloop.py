@@ -149,7 +149,8 @@ class LoopProfiler:
                             len(main.steps), self._profiler.steps, self._profiler.skip)
             records = self._collector.read()
             self._report = build_report(main, records, loader_config=self.config, device=self.device,
-                                        model=self.model, limit_throughput=None)
+                                        model=self.model, limit_throughput=None,
+                                        dataset=self._loader)
         return self._report
 
     def close(self) -> None:

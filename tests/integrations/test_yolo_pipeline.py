@@ -300,3 +300,19 @@ def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys):
     tuned = json.loads((out / "tune" / "tune.json").read_text())
     assert any(line.startswith("shared_slots: device is cpu") for line in tuned["not_tried"])
     assert (out / "before" / "report.json").is_file() and (out / "after" / "report.json").is_file()
+
+
+def test_decode_advice_recognises_an_ultralytics_training_set_and_its_cache(yolo_data):
+    from pipeline_opt.profile.decode_advice import decode_advice
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu")
+    try:
+        text = decode_advice(pipe.loader)
+        assert "cache='ram'" in text and "for 16 images at imgsz=32" in text
+    finally:
+        pipe.close()
+    cached = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=0, device="cpu", cache="ram")
+    try:
+        assert decode_advice(cached.loader) == ""
+    finally:
+        cached.close()

@@ -103,3 +103,17 @@ def test_sync_op_names():
     assert is_sync_op("nccl:all_reduce") and is_sync_op("cudaMemcpy")
     assert not is_sync_op("cudaDeviceSynchronize") and not is_sync_op("cudaMemcpyAsync")
     assert not is_sync_op("aten::conv2d")
+
+
+def test_reading_and_decoding_get_the_datasets_own_setting_when_it_has_one():
+    """Outside the transforms: 40% names the dataset's setting; without one it takes > 50% for code advice."""
+    shares = {"Mosaic": 0.0045, "Format": 0.0015}  # 60% of a 10 ms sample in the transforms
+    advice = "ultralytics reads and decodes every image it loads in the workers (cache off): cache='ram' ..."
+    recs = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s=shares, decode_advice=advice)).recommendations
+    assert [r for r in recs if "outside the transforms" in r] == [f"40% of sample time is outside the transforms: {advice}"]
+    plain = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s=shares)).recommendations
+    assert not any("outside the transforms" in r for r in plain)  # 40% < 50%: no code change asked for
+    mostly_decode = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Format": 0.004})).recommendations
+    assert any("60% of sample time is outside the transforms (reading / decoding)" in r for r in mostly_decode)
+    little = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Mosaic": 0.008}, decode_advice=advice))
+    assert not any("outside the transforms" in r for r in little.recommendations)  # 20%: below the 30%
