@@ -118,6 +118,30 @@ def test_mosaic_window_gives_the_same_samples_as_the_full_canvas(yolo_data):
         pipe.close()
 
 
+@pytest.mark.parametrize("overrides, mosaics", [
+    ({"mixup": 0.5}, 1),  # MixUp's images come through the same Mosaic + warp
+    ({"cutmix": 0.5}, 1),
+    ({"mosaic": 0.5}, 1),  # half the samples are no Mosaic: the warp crops them as before
+    ({"copy_paste_mode": "mixup", "copy_paste": 0.5}, 2),  # CopyPaste's own Mosaic + warp gets a window too
+])
+def test_mosaic_window_keeps_the_samples_of_other_mixing_settings(yolo_data, overrides, mosaics):
+    from ultralytics.data.augment import Mosaic
+
+    pipe = build_yolo_pipeline(yolo_data, imgsz=96, batch=4, workers=0, device="cpu", **overrides)
+    try:
+        ds = pipe.dataset
+        samples = _replay(ds, n=16)
+        assert disable_cpu_augment(ds, affine=True).names.count(MOSAIC_STAGE) == mosaics
+        built = [t.__dict__["apply_image"] for t in iter_transforms(ds.transforms) if type(t) is Mosaic]
+        windowed = samples()
+        assert len(built) == mosaics and built[0].windows > 0
+        for window in built:
+            del window.mosaic.apply_image
+        _assert_same(windowed, samples())
+    finally:
+        pipe.close()
+
+
 def test_mosaic_window_builds_the_full_canvas_when_the_pipeline_no_longer_allows_a_window(yolo_data):
     from ultralytics.data.augment import CopyPaste, Mosaic, RandomPerspective
 
