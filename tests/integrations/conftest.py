@@ -17,6 +17,28 @@ from pipeline_opt.datasets import make_yolo_dataset  # noqa: E402
 
 
 @pytest.fixture
+def replayable():
+    """``replayable(ds, n, seed)`` gives a function that returns ``ds[0..n)`` (modulo its length) drawn
+    from the same Mosaic buffer and the same seeds at every call: two pipelines' samples compared."""
+    import random
+
+    import numpy as np
+
+    def make(ds, n=6, seed=3):
+        state = (list(ds.buffer), list(ds.ims), list(ds.im_hw0), list(ds.im_hw))
+
+        def samples():
+            ds.buffer, ds.ims, ds.im_hw0, ds.im_hw = (list(x) for x in state)
+            random.seed(seed)
+            np.random.seed(seed)
+            return [ds[i % len(ds)] for i in range(n)]
+
+        return samples
+
+    return make
+
+
+@pytest.fixture
 def train_args():
     """The smallest real training run: 1 epoch of 4 batches at 32 px on the CPU, no plots, no val."""
     return dict(epochs=1, imgsz=32, batch=4, workers=0, device="cpu", amp=False, val=False, plots=False,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
@@ -31,17 +29,18 @@ def _stage(ds, cls):
     return next(t for t in iter_transforms(ds.transforms) if type(t) is cls)
 
 
-def _replay(ds, n=12, seed=5):
-    """``ds[0..n)`` from the same Mosaic buffer and the same seeds at every call."""
-    state = (list(ds.buffer), list(ds.ims), list(ds.im_hw0), list(ds.im_hw))
+@pytest.fixture
+def make_pipe(yolo_data):
+    """``make_pipe(imgsz=..., **overrides)``: a trainer-free pipeline on the test set, closed at teardown."""
+    pipes = []
 
-    def samples():
-        ds.buffer, ds.ims, ds.im_hw0, ds.im_hw = (list(x) for x in state)
-        random.seed(seed)
-        np.random.seed(seed)
-        return [ds[i % len(ds)] for i in range(n)]
+    def make(imgsz=64, **overrides):
+        pipes.append(build_yolo_pipeline(yolo_data, imgsz=imgsz, batch=4, workers=0, device="cpu", **overrides))
+        return pipes[-1]
 
-    return samples
+    yield make
+    for pipe in pipes:
+        pipe.close()
 
 
 def _assert_same(got, want):
@@ -64,7 +63,7 @@ def test_centre_window_is_the_part_of_the_canvas_a_gainless_warp_keeps():
 def test_paste_window_shows_the_full_canvas_through_the_window():
     rng = np.random.default_rng(0)
     s = 40
-    for trial in range(20):
+    for trial in range(200):
         xc, yc = (int(v) for v in rng.integers(s // 2, 3 * s // 2, size=2))
         canvas = np.full((2 * s, 2 * s, 3), 114, dtype=np.uint8)
         layout = []
@@ -89,33 +88,32 @@ def test_paste_window_shows_the_full_canvas_through_the_window():
         x0, y0, w, h = (int(v) for v in (*rng.integers(0, s, size=2), *rng.integers(1, s + 1, size=2)))
         out = paste_window(np.full((h, w, 3), 114, dtype=np.uint8), (x0, y0), layout)
         assert np.array_equal(out, canvas[y0:y0 + h, x0:x0 + w]), trial
+        garbage = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)  # as np.empty may leave it
+        filled = paste_window(garbage, (x0, y0), layout, fill=114)
+        assert np.array_equal(filled, canvas[y0:y0 + h, x0:x0 + w]), trial
 
 
-def test_mosaic_window_gives_the_same_samples_as_the_full_canvas(yolo_data):
+def test_mosaic_window_gives_the_same_samples_as_the_full_canvas(make_pipe, replayable):
     """The 128x96 images leave 114-filled gaps in a 192 window at some draws: both parts are compared."""
     from ultralytics.data.augment import Mosaic, RandomPerspective
 
-    pipe = build_yolo_pipeline(yolo_data, imgsz=96, batch=4, workers=0, device="cpu")
-    try:
-        ds = pipe.dataset
-        samples = _replay(ds)
-        disabled = disable_cpu_augment(ds, affine=True)
-        assert disabled.names.count(MOSAIC_STAGE) == 1
-        mosaic, warp = _stage(ds, Mosaic), _stage(ds, RandomPerspective)
-        built = mosaic.__dict__["apply_image"]
-        assert isinstance(built, MosaicWindow) and isinstance(warp.__dict__["get_params"], WindowParams)
-        assert disable_cpu_augment(ds, affine=True).names == ()  # installed once
-        windowed = samples()
-        assert built.windows == len(windowed) and warp.apply_image.crops == len(windowed)
-        assert any((s["img"] == 114).all(-1).any() for s in windowed)  # some samples show the canvas's fill
-        assert restore_cpu_augment(ds, DisabledStages(((MOSAIC_STAGE, {}),))) == [MOSAIC_STAGE]
-        assert "apply_image" not in mosaic.__dict__
-        _assert_same(windowed, samples())  # the whole canvas, cropped by the same silenced warp
-        assert built.windows == len(windowed)
-        assert set(restore_cpu_augment(ds, disabled)) == set(disabled.names) - {MOSAIC_STAGE}
-        assert "get_params" not in warp.__dict__ and warp.scale != 0.0
-    finally:
-        pipe.close()
+    ds = make_pipe(imgsz=96).dataset
+    samples = replayable(ds, n=12, seed=5)
+    disabled = disable_cpu_augment(ds, affine=True)
+    assert disabled.names.count(MOSAIC_STAGE) == 1
+    mosaic, warp = _stage(ds, Mosaic), _stage(ds, RandomPerspective)
+    built = mosaic.__dict__["apply_image"]
+    assert isinstance(built, MosaicWindow) and isinstance(warp.__dict__["get_params"], WindowParams)
+    assert disable_cpu_augment(ds, affine=True).names == ()  # installed once
+    windowed = samples()
+    assert built.windows == len(windowed) and warp.apply_image.crops == len(windowed)
+    assert any((s["img"] == 114).all(-1).any() for s in windowed)  # some samples show the canvas's fill
+    assert restore_cpu_augment(ds, DisabledStages(((MOSAIC_STAGE, {}),))) == [MOSAIC_STAGE]
+    assert "apply_image" not in mosaic.__dict__
+    _assert_same(windowed, samples())  # the whole canvas, cropped by the same silenced warp
+    assert built.windows == len(windowed)
+    assert set(restore_cpu_augment(ds, disabled)) == set(disabled.names) - {MOSAIC_STAGE}
+    assert "get_params" not in warp.__dict__ and warp.scale != 0.0
 
 
 @pytest.mark.parametrize("overrides, mosaics", [
@@ -124,63 +122,51 @@ def test_mosaic_window_gives_the_same_samples_as_the_full_canvas(yolo_data):
     ({"mosaic": 0.5}, 1),  # half the samples are no Mosaic: the warp crops them as before
     ({"copy_paste_mode": "mixup", "copy_paste": 0.5}, 2),  # CopyPaste's own Mosaic + warp gets a window too
 ])
-def test_mosaic_window_keeps_the_samples_of_other_mixing_settings(yolo_data, overrides, mosaics):
+def test_mosaic_window_keeps_the_samples_of_other_mixing_settings(make_pipe, replayable, overrides, mosaics):
     from ultralytics.data.augment import Mosaic
 
-    pipe = build_yolo_pipeline(yolo_data, imgsz=96, batch=4, workers=0, device="cpu", **overrides)
-    try:
-        ds = pipe.dataset
-        samples = _replay(ds, n=16)
-        assert disable_cpu_augment(ds, affine=True).names.count(MOSAIC_STAGE) == mosaics
-        built = [t.__dict__["apply_image"] for t in iter_transforms(ds.transforms) if type(t) is Mosaic]
-        windowed = samples()
-        assert len(built) == mosaics and built[0].windows > 0
-        for window in built:
-            del window.mosaic.apply_image
-        _assert_same(windowed, samples())
-    finally:
-        pipe.close()
+    ds = make_pipe(imgsz=96, **overrides).dataset
+    samples = replayable(ds, n=16, seed=5)
+    assert disable_cpu_augment(ds, affine=True).names.count(MOSAIC_STAGE) == mosaics
+    built = [t.__dict__["apply_image"] for t in iter_transforms(ds.transforms) if type(t) is Mosaic]
+    windowed = samples()
+    assert len(built) == mosaics and built[0].windows > 0
+    for window in built:
+        del window.mosaic.apply_image
+    _assert_same(windowed, samples())
 
 
-def test_mosaic_window_builds_the_full_canvas_when_the_pipeline_no_longer_allows_a_window(yolo_data):
+def test_mosaic_window_builds_the_full_canvas_when_the_pipeline_no_longer_allows_a_window(make_pipe, replayable):
     from ultralytics.data.augment import CopyPaste, Mosaic, RandomPerspective
 
-    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
-    try:
-        ds = pipe.dataset
-        samples = _replay(ds, n=6)
-        disable_cpu_augment(ds, affine=True)
-        built = _stage(ds, Mosaic).__dict__["apply_image"]
-        paste, warp = _stage(ds, CopyPaste), _stage(ds, RandomPerspective)
-        assert built.between == (paste,) and built.window() == (32, 32, 64, 64)
-        paste.p = 0.5  # CopyPaste would paste onto the whole canvas
-        assert built.window() is None
-        samples()
-        assert built.windows == 0
-        paste.p = 0.0
-        warp.scale = 0.5  # a real warp needs the whole canvas
-        assert built.window() is None
-        warp.scale = 0.0
-        crop = warp.__dict__.pop("apply_image")  # ultralytics' own warp
-        assert built.window() is None
-        warp.apply_image = crop
-        assert built.window() == (32, 32, 64, 64)
-    finally:
-        pipe.close()
+    ds = make_pipe(imgsz=64).dataset
+    samples = replayable(ds, n=6, seed=5)
+    disable_cpu_augment(ds, affine=True)
+    built = _stage(ds, Mosaic).__dict__["apply_image"]
+    paste, warp = _stage(ds, CopyPaste), _stage(ds, RandomPerspective)
+    assert built.between == (paste,) and built.window() == (32, 32, 64, 64)
+    paste.p = 0.5  # CopyPaste would paste onto the whole canvas
+    assert built.window() is None
+    samples()
+    assert built.windows == 0
+    paste.p = 0.0
+    warp.scale = 0.5  # a real warp needs the whole canvas
+    assert built.window() is None
+    warp.scale = 0.0
+    crop = warp.__dict__.pop("apply_image")  # ultralytics' own warp
+    assert built.window() is None
+    warp.apply_image = crop
+    assert built.window() == (32, 32, 64, 64)
 
 
-def test_no_window_is_installed_with_the_switch_off_or_without_the_warp(yolo_data, monkeypatch):
+def test_no_window_is_installed_with_the_switch_off_or_without_the_warp(make_pipe, monkeypatch):
     from ultralytics.data.augment import Mosaic
 
-    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
-    try:
-        ds = pipe.dataset
-        assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=False).names  # the warp stays in the workers
-        monkeypatch.setattr(_yolo_mosaic, "MOSAIC_WINDOW", False)
-        assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=True).names
-        assert "apply_image" not in _stage(ds, Mosaic).__dict__
-    finally:
-        pipe.close()
+    ds = make_pipe(imgsz=64).dataset
+    assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=False).names  # the warp stays in the workers
+    monkeypatch.setattr(_yolo_mosaic, "MOSAIC_WINDOW", False)
+    assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=True).names
+    assert "apply_image" not in _stage(ds, Mosaic).__dict__
 
 
 def test_a_window_the_crop_cannot_serve_is_an_error_not_a_wrong_image():

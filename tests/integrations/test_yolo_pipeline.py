@@ -136,26 +136,9 @@ def test_a_silenced_affine_crops_the_mosaic_exactly_as_ultralytics_warps_it(yolo
         pipe.close()
 
 
-def _replayable_samples(ds, n=6, seed=3):
-    """``ds[0..n)`` drawn from the same Mosaic buffer and the same seeds at every call."""
-    import random
-
-    import numpy as np
-
-    state = (list(ds.buffer), list(ds.ims), list(ds.im_hw0), list(ds.im_hw))
-
-    def samples():
-        ds.buffer, ds.ims, ds.im_hw0, ds.im_hw = (list(x) for x in state)
-        random.seed(seed)
-        np.random.seed(seed)
-        return [ds[i] for i in range(n)]
-
-    return samples
-
-
 @pytest.mark.parametrize("bgr", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("affine", [False, True])
-def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, bgr, affine):
+def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, replayable, bgr, affine):
     """Format's channel-first RGB copy moved to the device: same batches, bit for bit, any ``bgr``."""
     from ultralytics.data.augment import Format
 
@@ -167,7 +150,7 @@ def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, bgr, af
         ds = pipe.dataset
         fmt = next(t for t in iter_transforms(ds.transforms) if isinstance(t, Format))
         fmt.bgr = bgr
-        samples = _replayable_samples(ds)
+        samples = replayable(ds)
         disabled = disable_cpu_augment(ds, affine=affine)
         layout = DisabledStages(tuple(s for s in disabled.stages if s[0] == LAYOUT_STAGE))
         assert layout.names == (LAYOUT_STAGE,) and isinstance(fmt.__dict__["_format_img"], DeviceLayoutFormat)
