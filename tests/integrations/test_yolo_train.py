@@ -8,7 +8,7 @@ import pytest
 from ultralytics import YOLO
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
+from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
 from pipeline_opt.integrations.ultralytics import GpuAugmentedPreprocess, active_cpu_stages, attach
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.tune.measure import Measurement
@@ -142,6 +142,9 @@ def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train
     assert isinstance(trainer.preprocess_batch, GpuAugmentedPreprocess) and run.augment.augment.warps
     assert active_cpu_stages(trainer.train_loader.dataset, affine=True) == []
     assert run.augment.calls >= len(trainer.train_loader)  # trained through the warping step
+    assert MOSAIC_STAGE in {s["name"] for s in run.disabled}
+    (mosaic,) = [t for t in iter_transforms(trainer.train_loader.dataset.transforms) if type(t).__name__ == "Mosaic"]
+    assert mosaic.apply_image.windows >= len(trainer.train_loader.dataset)  # the workers (here: 0) built windows
     assert trainer.args.degrees == 0.0 and trainer.args.translate == pytest.approx(0.1)  # args untouched
     summary = json.loads((trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
     affine = summary["gpu_augment"]["affine"]
@@ -296,6 +299,7 @@ def test_cuda_training_through_shared_slots_and_gpu_augmentation(yolo_data, tmp_
     stats = loader.slot_stats()
     assert stats.slotted == stats.total >= 2 * per_epoch
     assert run.augment.calls >= 2 * per_epoch  # the device-side colour / flip / warp ran on every batch
+    assert MOSAIC_STAGE in {s["name"] for s in run.disabled}  # the workers built Mosaic windows
     losses = trainer.tloss.values() if isinstance(trainer.tloss, dict) else [trainer.tloss]
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in losses)
     assert live_children() - before == set(), "worker processes left behind"
