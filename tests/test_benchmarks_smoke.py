@@ -393,7 +393,8 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert set(rows) == {"limit: trainer on one replayed batch", "trainer, CPU augmentation", "trainer, GPU HSV/flip",
                          "trainer, GPU HSV/flip + shared slots",
                          "trainer, GPU HSV/flip + shared slots, channel-first workers",
-                         "trainer, GPU HSV/flip/warp + shared slots"}
+                         "trainer, GPU HSV/flip/warp + shared slots",
+                         "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"}
     assert set(res["summary"]["vs_limit"]) == set(rows) - {"limit: trainer on one replayed batch"}
     assert all(v > 0 for v in res["summary"]["vs_limit"].values())
     # every row applied what it names; the only caveats allowed are rows above the (noisy) limit
@@ -408,8 +409,12 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert "Format(channel-first RGB)" in slots_run["moved_to_device"]
     assert "Format(channel-first RGB)" not in first["moved_to_device"] and first["shared_slots"]["applied"]
     (warp_run,) = rows["trainer, GPU HSV/flip/warp + shared slots"]["meta"]["runs"]
-    assert "RandomPerspective" in warp_run["moved_to_device"]
+    assert "RandomPerspective" in warp_run["moved_to_device"] and "Mosaic(full canvas)" in warp_run["moved_to_device"]
+    (full_run,) = rows["trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"]["meta"]["runs"]
+    assert "RandomPerspective" in full_run["moved_to_device"]
+    assert "Mosaic(full canvas)" not in full_run["moved_to_device"]
     assert res["summary"]["channel_last_vs_channel_first_workers"] > 0
+    assert res["summary"]["mosaic_window_vs_full_canvas"] > 0
     assert res["summary"]["slots_gain_beyond_spread"] is None  # one run per row: no verdict
 
 
