@@ -44,13 +44,11 @@ def centre_window(imgsz: int, size: Any) -> tuple[int, int, int, int] | None:
     return imgsz - w // 2, imgsz - h // 2, w, h
 
 
-def paste_window(out: Any, window: tuple[int, int], layout: list[dict[str, Any]], fill: int | None = None) -> Any:
+def paste_window(out: Any, window: tuple[int, int], layout: list[dict[str, Any]]) -> Any:
     """Copy the part of each Mosaic patch (ultralytics' 4-image layout) that falls in ``out``, which
-    shows the canvas from ``window`` = ``(x0, y0)`` on; with ``fill``, set every pixel no patch covers
-    to it (so ``out`` may start uninitialised). Returns ``out``."""
+    shows the canvas from ``window`` = ``(x0, y0)`` on. Returns ``out``."""
     x0, y0 = window
     h, w = out.shape[:2]
-    pasted = []
     for item in layout:
         x1, y1 = max(item["x1a"], x0), max(item["y1a"], y0)
         x2, y2 = min(item["x2a"], x0 + w), min(item["y2a"], y0 + h)
@@ -58,25 +56,7 @@ def paste_window(out: Any, window: tuple[int, int], layout: list[dict[str, Any]]
             continue
         sx, sy = item["x1b"] + x1 - item["x1a"], item["y1b"] + y1 - item["y1a"]  # the patch pixel at (x1, y1)
         out[y1 - y0:y2 - y0, x1 - x0:x2 - x0] = item["labels_patch"]["img"][sy:sy + y2 - y1, sx:sx + x2 - x1]
-        pasted.append((x1 - x0, y1 - y0, x2 - x0, y2 - y0))
-    if fill is not None:
-        fill_uncovered(out, pasted, fill)
     return out
-
-
-def fill_uncovered(out: Any, rects: list[tuple[int, int, int, int]], value: int) -> None:
-    """Set the pixels of ``out`` outside every ``(x1, y1, x2, y2)`` rectangle to ``value``: band by
-    band between the rectangles' top and bottom edges, only the gaps between them."""
-    h, w = out.shape[:2]
-    edges = sorted({0, h, *(min(max(r[1], 0), h) for r in rects), *(min(max(r[3], 0), h) for r in rects)})
-    for top, bottom in zip(edges, edges[1:]):
-        x = 0
-        for left, right in sorted((r[0], r[2]) for r in rects if r[1] <= top and r[3] >= bottom):
-            if left > x:
-                out[top:bottom, x:left] = value
-            x = max(x, right)
-        if x < w:
-            out[top:bottom, x:w] = value
 
 
 class WindowParams:
@@ -138,8 +118,8 @@ class MosaicWindow:
         if window is None:
             return type(m).apply_image(m, labels, params)
         x0, y0, w, h = window
-        out = np.empty((h, w, labels["img"].shape[2]), dtype=np.uint8)  # paste_window fills what it does not paste
-        labels["img"] = paste_window(out, (x0, y0), params["layout"], fill=_FILL)
+        out = np.full((h, w, labels["img"].shape[2]), _FILL, dtype=np.uint8)
+        labels["img"] = paste_window(out, (x0, y0), params["layout"])
         labels[WINDOW_KEY] = (x0, y0, 2 * m.imgsz, 2 * m.imgsz)
         self.windows += 1
         return labels
