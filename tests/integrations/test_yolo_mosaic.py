@@ -180,3 +180,20 @@ def test_a_window_the_crop_cannot_serve_is_an_error_not_a_wrong_image():
     half = np.array([[1, 0, -15.5], [0, 1, -16], [0, 0, 1]], dtype=np.float32)
     with pytest.raises(RuntimeError, match="cannot crop"):
         crop({"img": img}, {"M": half, "size": (32, 32), "window": (16, 16)})
+
+
+def test_a_pickled_dataset_keeps_its_windows_as_spawned_workers_get_it(make_pipe, replayable):
+    """DataLoader workers started with "spawn" (macOS, Windows) get the dataset pickled: the windows,
+    the warp's window-aware params and crop travel with it and give the same samples."""
+    import pickle
+
+    from ultralytics.data.augment import Mosaic, RandomPerspective
+
+    ds = make_pipe(imgsz=96).dataset
+    disable_cpu_augment(ds, affine=True)
+    copy = pickle.loads(pickle.dumps(ds))
+    built, warp = _stage(copy, Mosaic).__dict__["apply_image"], _stage(copy, RandomPerspective)
+    assert isinstance(built, MosaicWindow) and built.mosaic is _stage(copy, Mosaic) and built.perspective is warp
+    assert isinstance(warp.__dict__["get_params"], WindowParams) and warp.__dict__["get_params"].transform is warp
+    _assert_same(replayable(copy, n=8, seed=5)(), replayable(ds, n=8, seed=5)())
+    assert built.windows == 8
