@@ -158,7 +158,9 @@ def evidence(m: Measurements) -> tuple[str, ...]:
     shares = _transform_shares(m)
     if shares:
         top = ", ".join(f"{n} {_pct(s)}" for n, s in shares[:3])
-        out.append(f"per-sample time {m.sample_s * 1e3:.2f} ms; transforms: {top}")
+        outside = 1 - sum(s for _, s in shares)
+        out.append(f"per-sample time {m.sample_s * 1e3:.2f} ms; transforms: {top}"
+                   + (f"; outside the transforms (reading, decoding): {_pct(outside)}" if outside >= 0.005 else ""))
     if m.limit_throughput:
         out.append(f"throughput {m.throughput:.1f} samples/s = {_pct(m.throughput / m.limit_throughput)} of "
                    f"the {m.limit_throughput:.1f} samples/s the step reaches on a device-resident batch")

@@ -115,5 +115,8 @@ def test_reading_and_decoding_get_the_datasets_own_setting_when_it_has_one():
     assert not any("outside the transforms" in r for r in plain)  # 40% < 50%: no code change asked for
     mostly_decode = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Format": 0.004})).recommendations
     assert any("60% of sample time is outside the transforms (reading / decoding)" in r for r in mostly_decode)
+    evidence = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s=shares)).evidence
+    assert any(e.endswith("transforms: Mosaic 45%, Format 15%; outside the transforms (reading, decoding): 40%")
+               for e in evidence)
     little = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Mosaic": 0.008}, decode_advice=advice))
     assert not any("outside the transforms" in r for r in little.recommendations)  # 20%: below the 30%
