@@ -19,7 +19,7 @@ from pipeline_opt._logging import get_logger
 log = get_logger("profile.decode_advice")
 
 _HEADERS = 20  # image headers read for the memory estimate
-_SAFETY = 0.5  # ultralytics' check_cache_ram margin on top of the estimate
+_SAFETY = 1.0  # ultralytics' check_cache_ram margin on top of its estimate: it wants twice the images free
 _GB = 1 << 30
 
 
@@ -86,5 +86,5 @@ def decode_advice(source: Any) -> str:
     if need * (1 + _SAFETY) <= available:
         return (f"{head}: train(..., cache='ram') decodes each image once and keeps it in memory ({size}; "
                 f"{available / _GB:.1f} GB available now), or {disk}")
-    return (f"{head}: cache='ram' would need {size} plus a {_SAFETY:.0%} margin, more than the "
-            f"{available / _GB:.1f} GB available now; train(..., {disk})")
+    return (f"{head}: cache='ram' would need {size}, and ultralytics asks for {1 + _SAFETY:g}x that free, more "
+            f"than the {available / _GB:.1f} GB available now; train(..., {disk})")
