@@ -268,17 +268,30 @@ def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monke
     assert out["img"].dtype == torch.float32
 
 
-def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys):
+def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys, monkeypatch):
     import json
 
+    from pipeline_opt.integrations import _yolo_pipeline
+
+    caches = []
+    build = _yolo_pipeline.build_yolo_pipeline
+
+    def spy(*args, **kwargs):
+        pipe = build(*args, **kwargs)
+        caches.append(pipe.dataset.cache)
+        return pipe
+
+    monkeypatch.setattr(_yolo_pipeline, "build_yolo_pipeline", spy)
     out = tmp_path / "cli"
     argv = ["--data", str(yolo_data), "--imgsz", "32", "--batch", "4", "--workers", "1", "--device", "cpu",
-            "--budget", "2", "--steps", "2", "--warmup", "1", "--no-gpu-augment", "--shared-slots", "--out", str(out)]
+            "--budget", "2", "--steps", "2", "--warmup", "1", "--no-gpu-augment", "--shared-slots", "--cache", "ram",
+            "--out", str(out)]
     assert cli_main(argv) == 0
     printed = capsys.readouterr().out
     assert "before = ultralytics as built" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["before_throughput"] > 0 and summary["after_throughput"] > 0
+    assert summary["before_throughput"] > 0 and summary["after_throughput"] > 0 and summary["cache"] == "ram"
+    assert caches == ["ram", "ram"]  # the before and the after pipeline read decoded images from memory
     assert summary["config"]["shared_slots"] is False  # not tried on the CPU, and the tuning says why:
     tuned = json.loads((out / "tune" / "tune.json").read_text())
     assert any(line.startswith("shared_slots: device is cpu") for line in tuned["not_tried"])
