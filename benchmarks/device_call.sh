@@ -2,6 +2,7 @@
 # One call on the lent GPU machine: install the carried wheels, then run the named steps.
 #   benchmarks/device_call.sh cuda-tests classification       (the first call)
 #   benchmarks/device_call.sh yolo                            (the second call; transforms overhead: the third)
+#   benchmarks/device_call.sh worker-stages yolo_trainer      (yolo_worker_stages, then a benchmark)
 # carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
 # Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
 set -u
@@ -16,6 +17,7 @@ for w in .whl_simd/*.whl; do
   python3 -m zipfile -e "$w" /tmp/simd && export PO_PILLOW_SIMD_DIR=/tmp/simd || echo "pillow-simd unpack failed"
 done
 export YOLO_OFFLINE=1 YOLO_AUTOINSTALL=0
+export PIPELINE_OPT_CACHE="${PIPELINE_OPT_CACHE:-/tmp/pipeline_opt_cache}"  # run_gpu.sh's default: one dataset copy
 BENCH_DIR=/tmp/po_bench
 mkdir -p "$BENCH_DIR"
 benches=()
@@ -23,6 +25,11 @@ for step in "$@"; do
   case "$step" in
     cuda-tests) timeout -k 10 "${PO_TEST_LIMIT_S:-150}" python3 -m pytest tests -m cuda -q -rs -p no:cacheprovider \
                   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?"; tail -n 25 "$OUT/cuda_tests.log" ;;
+    # the workers' CPU per stage and a DataLoader's images/s (no GPU used); PO_STAGES_ARGS replaces the defaults
+    worker-stages) # shellcheck disable=SC2086
+                  timeout -k 10 "${PO_STAGES_LIMIT_S:-300}" python3 -m benchmarks.yolo_worker_stages \
+                    --out "$BENCH_DIR/worker_stages" ${PO_STAGES_ARGS:---variants window,full --loader-batches 30 --workers 8} \
+                    > "$OUT/worker_stages.log" 2>&1; echo "worker stages rc=$?"; tail -n 20 "$OUT/worker_stages.log" ;;
     *) benches+=("$step") ;;
   esac
 done
