@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from pipeline_opt._collate import collate_around, is_ultralytics_collate, stackable_images
 from pipeline_opt._logging import get_logger
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
@@ -205,12 +206,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _ultralytics_collate(fn: Any) -> bool:
-    """Whether ``fn`` is ultralytics' ``YOLODataset.collate_fn`` (stacks ``img``, sorts the keys)."""
-    return getattr(fn, "__qualname__", "").endswith("Dataset.collate_fn") \
-        and str(getattr(fn, "__module__", "")).startswith("ultralytics.")
 
 
 def _image_place(batch: Any) -> Any:
@@ -377,7 +372,7 @@ class SlotCollate:
         if not slots.owner:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return self.collate_fn(samples)
-        if _ultralytics_collate(self.collate_fn) and samples and isinstance(samples[0], Mapping):
+        if is_ultralytics_collate(self.collate_fn):
             placed = self._stack_ultralytics(samples, slots)
             if placed is not None:
                 return self._send(*placed, slots)
@@ -398,19 +393,15 @@ class SlotCollate:
         return self._send(_replace(batch, place, view), view, claim, slots)
 
     def _stack_ultralytics(self, samples: list, slots: _WorkerSlots) -> tuple[dict, torch.Tensor, _Claim] | None:
-        images = [s.get("img") for s in samples]
-        first = images[0]
-        if not isinstance(first, torch.Tensor) or any(
-                not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype for t in images):
+        images = stackable_images(samples)
+        if images is None:
             return None  # let the collate function handle (or reject) it
-        claim = slots.take(len(images) * first.nbytes)
+        claim = slots.take(len(images) * images[0].nbytes)
         if claim is None:
             return None
-        view = _bytes_view(claim.storage, HEADER_BYTES, (len(images), *first.shape), first.dtype)
+        view = _bytes_view(claim.storage, HEADER_BYTES, (len(images), *images[0].shape), images[0].dtype)
         torch.stack(images, 0, out=view)
-        rest = self.collate_fn([{k: v for k, v in s.items() if k != "img"} for s in samples])
-        rest["img"] = view
-        return dict(sorted(rest.items())), view, claim  # ultralytics sorts the keys of every sample
+        return collate_around(self.collate_fn, samples, view), view, claim
 
     def _send(self, batch: Any, image: torch.Tensor, claim: _Claim, slots: _WorkerSlots) -> Any:
         """``batch`` as it goes to the training process: with the slot's tensor the first time the

@@ -114,9 +114,14 @@ def test_unreleased_slots_fall_back_and_stay_correct():
     assert stats.slotted == 2 * 4 and stats.all_busy == 15 - 8
 
 
-def test_ultralytics_collate_stacks_into_the_slot():
+@pytest.mark.parametrize("shared_images", [False, True])
+def test_ultralytics_collate_stacks_into_the_slot(shared_images):
+    """Also under SharedImageCollate: the slot is looked through to, not copied into after it."""
+    from pipeline_opt._collate import SharedImageCollate
+
     ultralytics = pytest.importorskip("ultralytics.data.dataset")
     collate = ultralytics.YOLODataset.collate_fn
+    collate = SharedImageCollate(collate) if shared_images else collate
     ds = DictImages(n=24)
     want = list(_loader(dataset=ds, collate_fn=collate))
     torch.manual_seed(0)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from pipeline_opt._collate import install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_augment import (
     GpuAugmentedPreprocess,
@@ -215,6 +216,8 @@ class YoloIntegration:
             return
         opts = self.options
         bench = perf_bench_enabled()
+        if install_shared_image_collate(trainer.train_loader):
+            log.info("pipeline_opt: the workers stack each batch's images into shared memory")
         if opts.gpu_augment:
             self._setup_gpu_augment(run)
         if opts.gpu_augment is True:
@@ -283,6 +286,7 @@ class YoloIntegration:
             return
         log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
                     t.batch_size)
+        install_shared_image_collate(t.train_loader)
         if run.loader_setting is not None and config_changed(t.train_loader, run.loader_setting):
             self._install_loader(run, rebuild_loader(t.train_loader, run.loader_setting, t.device))
         if run.profiler is not None and run.report is None:

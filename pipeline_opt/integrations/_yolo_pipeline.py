@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from pipeline_opt._collate import install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_augment import build_gpu_augment
 from pipeline_opt.integrations._yolo_decide import (
@@ -163,6 +164,7 @@ def build_yolo_pipeline(
     cfg.imgsz = check_imgsz(imgsz, stride=stride, floor=stride, max_dim=1)
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train", stride=stride)
     loader = build_dataloader(dataset, batch=batch, workers=workers, shuffle=True, rank=-1, device=dev)
+    install_shared_image_collate(loader)  # the workers stack each batch's images into shared memory
     step = YoloStep(dev, amp=amp)
     augment, switch = None, None
     if gpu_augment:

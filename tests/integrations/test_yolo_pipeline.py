@@ -312,3 +312,26 @@ def test_decode_advice_recognises_an_ultralytics_training_set_and_its_cache(yolo
         assert decode_advice(cached.loader) == ""
     finally:
         cached.close()
+
+
+def test_the_pipelines_workers_stack_images_into_shared_memory_and_deliver_the_same_batches(yolo_data,
+                                                                                             monkeypatch):
+    """ultralytics seeds its loader and workers: the same batches with and without SharedImageCollate."""
+    from pipeline_opt import _collate
+
+    def batches(shared):
+        monkeypatch.setattr(_collate, "SHARED_IMAGE_COLLATE", shared)
+        pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=2, device="cpu", gpu_augment="force",
+                                   gpu_affine="force")
+        try:
+            assert isinstance(pipe.loader.collate_fn, _collate.SharedImageCollate) == shared
+            return list(pipe.loader)  # one epoch: 4 batches
+        finally:
+            pipe.close()
+
+    want, got = batches(False), batches(True)
+    assert len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        assert list(a) == list(b)
+        for k, v in b.items():
+            assert torch.equal(a[k], v) if isinstance(v, torch.Tensor) else a[k] == v, k

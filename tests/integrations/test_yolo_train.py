@@ -8,6 +8,7 @@ import pytest
 from ultralytics import YOLO
 from ultralytics.data.build import InfiniteDataLoader
 
+from pipeline_opt._collate import SharedImageCollate
 from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
 from pipeline_opt.integrations.ultralytics import GpuAugmentedPreprocess, active_cpu_stages, attach
 from pipeline_opt.loader_clone import loader_config
@@ -143,6 +144,7 @@ def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train
     assert active_cpu_stages(trainer.train_loader.dataset, affine=True) == []
     assert run.augment.calls >= len(trainer.train_loader)  # trained through the warping step
     assert MOSAIC_STAGE in {s["name"] for s in run.disabled}
+    assert isinstance(trainer.train_loader.collate_fn, SharedImageCollate)  # images stacked into shared memory
     (mosaic,) = [t for t in iter_transforms(trainer.train_loader.dataset.transforms) if type(t).__name__ == "Mosaic"]
     assert mosaic.apply_image.windows >= len(trainer.train_loader.dataset)  # the workers (here: 0) built windows
     assert trainer.args.degrees == 0.0 and trainer.args.translate == pytest.approx(0.1)  # args untouched
