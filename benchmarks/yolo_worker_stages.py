@@ -8,6 +8,9 @@ Variants, run alternately ``--runs`` times each:
     window   the default: Mosaic builds only the window the silenced warp keeps, channel-last Format
     full     Mosaic builds its whole canvas (``_yolo_mosaic.MOSAIC_WINDOW = False``)
     chw      Format copies each image into channel-first RGB (``_yolo_augment.DEVICE_LAYOUT = False``)
+    copy     the workers stack each batch's images into ordinary memory, which the DataLoader then
+             copies into shared memory to send them (``_collate.SHARED_IMAGE_COLLATE = False``);
+             only the DataLoader rate can tell it from ``window``
 
     python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--variants window,full]
         [--loader-batches 30 --workers 2]
@@ -36,7 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("window", "full", "chw")
+VARIANTS = ("window", "full", "chw", "copy")
 WARMUP = 300  # samples before timing: every worker-side cache and the Mosaic buffer filled
 
 
@@ -66,6 +69,7 @@ def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int
     ``loader`` = ``(workers, batches, warmup)`` and batches > 0, ``loader_img_s`` too."""
     import cv2
 
+    from pipeline_opt import _collate
     from pipeline_opt.datasets import make_yolo_dataset
     from pipeline_opt.integrations import _yolo_augment, _yolo_mosaic
     from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
@@ -73,6 +77,7 @@ def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int
     cv2.setNumThreads(0)  # as in a DataLoader worker
     _yolo_mosaic.MOSAIC_WINDOW = variant != "full"
     _yolo_augment.DEVICE_LAYOUT = variant != "chw"
+    _collate.SHARED_IMAGE_COLLATE = variant != "copy"
     data = make_yolo_dataset(n_train=images, n_val=8, size=(640, 480), seed=0)
     pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force")
     times: dict[str, float] = collections.defaultdict(float)
