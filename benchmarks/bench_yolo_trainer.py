@@ -24,6 +24,10 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
                                                window of its canvas that the silenced warp keeps
     ..., full Mosaic canvas                    the same, with the workers' Mosaic building its whole
                                                canvas as ultralytics does (_yolo_mosaic.MOSAIC_WINDOW off)
+    ..., cache='ram'                           the warp row with train(cache="ram"): ultralytics decodes
+                                               every image once, before training, and the workers read
+                                               them from memory (what the profile report recommends
+                                               when decoding holds the workers back)
 
     python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
@@ -64,11 +68,14 @@ ROWS: dict[str, dict[str, Any]] = {
                                                   "shared_slots": "force"},
     "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas": {"gpu_augment": "force", "gpu_affine": "force",
                                                                       "shared_slots": "force", "mosaic_window": False},
+    "trainer, GPU HSV/flip/warp + shared slots, cache='ram'": {"gpu_augment": "force", "gpu_affine": "force",
+                                                               "shared_slots": "force", "cache": "ram"},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
 CHANNEL_FIRST_ROW = "trainer, GPU HSV/flip + shared slots, channel-first workers"
 WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
 WARP_FULL_CANVAS_ROW = "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"
+WARP_RAM_ROW = "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"
 GPU_ROW = "trainer, GPU HSV/flip"
 
 
@@ -148,6 +155,7 @@ def child(args: Any) -> int:
         from pipeline_opt.integrations import _yolo_mosaic
 
         _yolo_mosaic.MOSAIC_WINDOW = False
+    cache = options.pop("cache", False)  # a train() argument, not attach()'s
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
@@ -156,7 +164,7 @@ def child(args: Any) -> int:
     device = "cpu" if args.device == "cpu" else 0
     try:
         model.train(data=args.data, epochs=100, imgsz=args.imgsz, batch=args.batch, workers=args.workers,
-                    device=device, amp="bf16" if device != "cpu" else False, val=False, plots=False, save=False,
+                    cache=cache, device=device, amp="bf16" if device != "cpu" else False, val=False, plots=False, save=False,
                     close_mosaic=0, pretrained=False, project=str(work), name="run", exist_ok=True,
                     verbose=False, seed=args.seed, deterministic=False)
     except SystemExit as exc:  # PERF_BENCH ends the run here, status 0
@@ -190,6 +198,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
             "steps": len(steps), "wall_s": wall, "shared_slots": summary.get("shared_slots"),
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
+            "image_cache": summary.get("image_cache"),
             "train_loader": summary.get("train_loader")}
 
 
@@ -240,6 +249,7 @@ def run(args: Any) -> Path:
         "slots_vs_gpu_augment": slots_vs_gpu,
         "channel_last_vs_channel_first_workers": H.ratio(by.get(SLOTS_ROW), by.get(CHANNEL_FIRST_ROW)),
         "mosaic_window_vs_full_canvas": H.ratio(by.get(WARP_ROW), by.get(WARP_FULL_CANVAS_ROW)),
+        "cache_ram_vs_decoding_workers": H.ratio(by.get(WARP_RAM_ROW), by.get(WARP_ROW)),
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,
         # a verdict needs repeated runs: one run per row has no spread to compare with
@@ -258,7 +268,8 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp", "slots_warp_full"), ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp", "slots_warp_full", "slots_warp_ram"),
+                    ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -274,10 +285,15 @@ def selected_rows(spec: str | None) -> list[str]:
 
 def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Runs that did not measure what their row says: slots asked for but not applied, GPU
-    augmentation forced but not applied."""
+    augmentation forced but not applied, another image cache than the row's (ultralytics turns
+    ``cache="ram"`` off where the memory is short)."""
     out = []
     for name, runs in results.items():
         ok = [o for o in runs if "throughput" in o]
+        cache = ROWS[name].get("cache")
+        other = sum(1 for o in ok if o.get("image_cache") != cache)
+        if other:
+            out.append(f"{name}: the image cache was not {cache!r} in {other} of {len(ok)} runs")
         if ROWS[name].get("shared_slots"):
             missed = sum(1 for o in ok if not (o.get("shared_slots") or {}).get("applied"))
             if missed:

@@ -370,6 +370,8 @@ def test_yolo_trainer_names_runs_that_moved_other_stages_than_their_row_says():
     assert caveats({SLOTS_ROW: [{**base, "moved_to_device": right}]}) == []
     (only,) = caveats({CHANNEL_FIRST_ROW: [{**base, "moved_to_device": right}]})  # the copy moved after all
     assert only.startswith(CHANNEL_FIRST_ROW) and "1 of 1 runs" in only
+    (cache,) = caveats({SLOTS_ROW: [{**base, "moved_to_device": right, "image_cache": "ram"}]})
+    assert "the image cache was not None in 1 of 1 runs" in cache
 
 
 def test_yolo_trainer_names_rows_above_the_limit_beyond_the_spread():
@@ -394,7 +396,8 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
                          "trainer, GPU HSV/flip + shared slots",
                          "trainer, GPU HSV/flip + shared slots, channel-first workers",
                          "trainer, GPU HSV/flip/warp + shared slots",
-                         "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"}
+                         "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas",
+                         "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"}
     assert set(res["summary"]["vs_limit"]) == set(rows) - {"limit: trainer on one replayed batch"}
     assert all(v > 0 for v in res["summary"]["vs_limit"].values())
     # every row applied what it names; the only caveats allowed are rows above the (noisy) limit
@@ -414,7 +417,10 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert "RandomPerspective" in full_run["moved_to_device"]
     assert "Mosaic(full canvas)" not in full_run["moved_to_device"]
     assert res["summary"]["channel_last_vs_channel_first_workers"] > 0
-    assert res["summary"]["mosaic_window_vs_full_canvas"] > 0
+    assert res["summary"]["mosaic_window_vs_full_canvas"] > 0 and res["summary"]["cache_ram_vs_decoding_workers"] > 0
+    (ram_run,) = rows["trainer, GPU HSV/flip/warp + shared slots, cache='ram'"]["meta"]["runs"]
+    assert set(ram_run["moved_to_device"]) == set(warp_run["moved_to_device"])
+    assert ram_run["image_cache"] == "ram" and warp_run["image_cache"] is None
     assert res["summary"]["slots_gain_beyond_spread"] is None  # one run per row: no verdict
 
 

@@ -484,6 +484,7 @@ class YoloIntegration:
             "options": asdict(self.options),
             "device": str(t.device),
             "train_loader": loader_config(t.train_loader) if hasattr(t, "train_loader") else None,
+            "image_cache": getattr(dataset, "cache", None),  # ultralytics' cache: None, "ram" or "disk"
             "gpu_augment": None if run.switch is None else {
                 "applied": run.switch.active,
                 "decision": None if run.switch.decision is None else run.switch.decision.to_dict(),
