@@ -6,8 +6,9 @@ the worker sends the batch (torch's own ``default_collate`` allocates it there i
 The helpers here stack the images straight into a tensor of the caller's choosing and let the collate
 function do the rest, so the batch is the same, keys in the same (sorted) order:
 
-* :class:`SharedImageCollate` stacks into shared memory, as ``default_collate`` does: one copy of the
-  batch's images fewer per batch in every worker (79 MB at 64 x 640 x 640 x 3);
+* :class:`SharedImageCollate` stacks them with ``default_collate``, which allocates in shared memory
+  in a worker: one copy of the batch's images fewer per batch in every worker (79 MB at
+  64 x 640 x 640 x 3);
 * :class:`pipeline_opt.shared_slots.SlotCollate` stacks into a reused, page-locked slot.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import default_collate, get_worker_info
 
 _MAX_DEPTH = 8
 SHARED_IMAGE_COLLATE = True  # False: install_shared_image_collate leaves loaders as they are (benchmarks compare)
@@ -57,14 +58,6 @@ def collate_around(collate_fn: Callable[[list], Any], samples: list, images: tor
     return dict(sorted(rest.items()))
 
 
-def shared_stack_out(images: list[torch.Tensor]) -> torch.Tensor:
-    """An uninitialised tensor in shared memory for ``torch.stack(images, 0, out=...)``: what
-    ``default_collate`` allocates in a worker."""
-    first = images[0]
-    storage = first._typed_storage()._new_shared(first.numel() * len(images), device=first.device)
-    return first.new(storage).resize_(len(images), *first.shape)
-
-
 class SharedImageCollate:
     """Wraps ultralytics' collate function: in a worker, the batch's images are stacked straight into
     shared memory (the worker then sends them without another copy); everything else, and any batch
@@ -85,8 +78,8 @@ class SharedImageCollate:
         images = stackable_images(samples) if get_worker_info() is not None else None
         if images is None:
             return self.collate_fn(samples)
-        out = torch.stack(images, 0, out=shared_stack_out(images))
-        return collate_around(self.collate_fn, samples, out)
+        # torch's default_collate stacks a list of tensors into shared memory when called in a worker
+        return collate_around(self.collate_fn, samples, default_collate(images))
 
 
 def install_shared_image_collate(loader: Any) -> bool:

@@ -37,7 +37,8 @@ def _assert_same_batch(got, want):
 def test_in_a_worker_the_images_are_stacked_into_shared_memory(monkeypatch):
     wrapped = SharedImageCollate(COLLATE)
     assert not wrapped(_samples())["img"].is_shared()  # the training process: the function as it is
-    monkeypatch.setattr(_collate, "get_worker_info", lambda: object())  # as in a DataLoader worker
+    for module in (_collate, torch.utils.data):  # as in a DataLoader worker (default_collate asks torch's)
+        monkeypatch.setattr(module, "get_worker_info", lambda: object())
     got, want = wrapped(_samples()), COLLATE(_samples())
     _assert_same_batch(got, want)
     assert got["img"].is_shared() and not want["img"].is_shared()

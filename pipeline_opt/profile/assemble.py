@@ -97,6 +97,8 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
     samples = sum(r.samples for r in records)
     sample_ns = sum(r.sample_ns for r in records)
     collate_ns = sum(r.collate_ns for r in records)
+    worker_batches = sum(r.batches for r in records if r.worker_id >= 0)  # unshared bytes are counted in workers
+    unshared = sum(r.unshared_bytes for r in records) / worker_batches if worker_batches else 0.0
     transform_ns: dict[str, int] = {}
     for r in records:
         for name, ns in r.transform_ns.items():
@@ -132,6 +134,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         throughput=throughput,
         limit_throughput=limit_throughput,
         decode_advice=decode_advice(dataset),
+        unshared_batch_bytes=unshared,
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),

@@ -53,6 +53,7 @@ class WorkerRecord:
     rss_bytes: int
     errors: tuple[str, ...]
     spans: tuple[tuple, ...]
+    unshared_bytes: int = 0  # batch bytes collated into ordinary memory (a worker copies them to send them)
 
     def stats(self) -> WorkerStats:
         """The :class:`WorkerStats` of this process."""
@@ -100,6 +101,7 @@ def parse_worker_file(path: Path) -> WorkerRecord | None:
         transform_ns={str(k): int(v) for k, v in last["transform_ns"].items()},
         cpu_percent=float(last["cpu_percent"]), rss_bytes=int(last["rss_bytes"]),
         errors=tuple(last.get("errors", ())), spans=tuple(spans),
+        unshared_bytes=int(last.get("unshared_bytes", 0)),
     )
 
 

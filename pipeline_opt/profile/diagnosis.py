@@ -27,6 +27,7 @@ SYNC_HIGH = 0.25  # sync-bound above this share of the window in sync ops
 TRANSFORM_SHARE = 0.05  # a transform worth naming takes at least this share of sample time
 OUTSIDE_SHARE = 0.5  # reading / decoding worth code changes: at least this share of sample time
 SETTING_SHARE = 0.3  # ... worth one setting of the dataset's own (Measurements.decode_advice)
+UNSHARED_BATCH_BYTES = 8 << 20  # a collated batch copied again to be sent: worth naming from 8 MiB
 
 # Tensor-level / simple geometric transforms with a GPU counterpart (po.transforms / Kornia).
 GPU_CAPABLE = frozenset({
@@ -75,6 +76,7 @@ class Measurements:
     throughput: float = 0.0
     limit_throughput: float | None = None
     decode_advice: str = ""  # the dataset's own setting that removes its decode (profile.decode_advice)
+    unshared_batch_bytes: float = 0.0  # per batch, collated into ordinary memory in a worker (copied to be sent)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ def evidence(m: Measurements) -> tuple[str, ...]:
         outside = 1 - sum(s for _, s in shares)
         out.append(f"per-sample time {m.sample_s * 1e3:.2f} ms; transforms: {top}"
                    + (f"; outside the transforms (reading, decoding): {_pct(outside)}" if outside >= 0.005 else ""))
+    if m.unshared_batch_bytes >= 1 << 20:
+        out.append(f"each worker batch holds {m.unshared_batch_bytes / (1 << 20):.0f} MiB of tensors outside shared "
+                   "memory, which the DataLoader copies into shared memory to send it")
     if m.limit_throughput:
         out.append(f"throughput {m.throughput:.1f} samples/s = {_pct(m.throughput / m.limit_throughput)} of "
                    f"the {m.limit_throughput:.1f} samples/s the step reaches on a device-resident batch")
@@ -193,8 +198,17 @@ def _data_recommendations(m: Measurements) -> list[str]:
         recs.append("set persistent_workers=True (workers are re-created every epoch otherwise)")
     if m.device_type == "cuda" and not m.pin_memory:
         recs.append("set pin_memory=True (page-locked buffers make the host-to-device copy asynchronous)")
-    recs += _transform_recommendations(m)
+    recs += _transform_recommendations(m) + _collate_recommendations(m)
     return recs
+
+
+def _collate_recommendations(m: Measurements) -> list[str]:
+    if m.unshared_batch_bytes < UNSHARED_BATCH_BYTES:
+        return []
+    return [f"the collate function returns {m.unshared_batch_bytes / (1 << 20):.0f} MiB per batch in ordinary memory, "
+            "which every worker then copies into shared memory to send: stack the large tensors with "
+            "torch.utils.data.default_collate(list_of_tensors) instead of torch.stack (in a worker it allocates "
+            "the batch in shared memory), or deliver through shared slots (po.autotune(..., shared_slots=True))"]
 
 
 def _transform_recommendations(m: Measurements) -> list[str]:
@@ -261,7 +275,7 @@ def recommend(m: Measurements, bottleneck: str) -> tuple[str, ...]:
             need = min(workers_needed(m.batch_cpu_s, step_budget_s(m)), max_workers(m))
             if need > m.num_workers:
                 recs.append(f"raise num_workers from {m.num_workers} to {need} ({_littles_law_text(m)})")
-        recs += _transform_recommendations(m)
+        recs += _transform_recommendations(m) + _collate_recommendations(m)
     return tuple(recs)
 
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pipeline_opt.profile import timed_transforms
@@ -39,6 +41,7 @@ class DataPipelineError(RuntimeError):
 
 
 MAIN_WORKER_ID = -1  # worker_id of the main process when it plays the worker (num_workers=0)
+_MAX_BATCH_DEPTH = 4  # nesting looked into for tensors when measuring a collated batch
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Recorder:
         self.batches = 0
         self.sample_ns = 0
         self.collate_ns = 0
+        self.unshared_bytes = 0  # batch tensor bytes collated into ordinary memory (copied again to be sent)
         self.loader_cpu_ns = 0  # thread CPU inside fetch + collate (the main process's loader share)
         self.transform_ns: dict[str, int] = {}
         self._spans: list[list] = []
@@ -165,7 +169,8 @@ class Recorder:
         return {
             "worker_id": self.worker_id, "pid": self.pid, "start_ns": self.start_ns, "time_ns": now,
             "samples": self.samples, "batches": self.batches, "sample_ns": self.sample_ns,
-            "collate_ns": self.collate_ns, "transform_ns": dict(self.transform_ns),
+            "collate_ns": self.collate_ns, "unshared_bytes": self.unshared_bytes,
+            "transform_ns": dict(self.transform_ns),
             "cpu_percent": cpu_percent, "rss_bytes": rss, "errors": list(self._errors),
         }
 
@@ -336,7 +341,35 @@ class ProfiledCollate:
             raise
         size = len(samples) if hasattr(samples, "__len__") else 1
         rec.collate(t0, time.time_ns(), time.thread_time_ns() - c0, size)
+        if rec.worker_id != MAIN_WORKER_ID:
+            rec.unshared_bytes += unshared_bytes(out)
         return out
+
+
+def unshared_bytes(batch: Any) -> int:
+    """Bytes of the CPU tensor storages in ``batch`` (nested dicts / lists / tuples, each storage
+    once) that are not in shared memory: a worker's DataLoader copies each of them into shared
+    memory to send the batch."""
+    seen: set[int] = set()
+
+    def visit(node: Any, depth: int) -> int:
+        if isinstance(node, torch.Tensor):
+            if node.device.type != "cpu" or node.is_shared():
+                return 0
+            storage = node.untyped_storage()
+            if storage.data_ptr() in seen:
+                return 0
+            seen.add(storage.data_ptr())
+            return storage.nbytes()
+        if depth > _MAX_BATCH_DEPTH:
+            return 0
+        if isinstance(node, Mapping):
+            return sum(visit(v, depth + 1) for v in node.values())
+        if isinstance(node, (list, tuple)):
+            return sum(visit(v, depth + 1) for v in node)
+        return 0
+
+    return visit(batch, 0)
 
 
 class ProfiledWorkerInit:

@@ -120,3 +120,15 @@ def test_reading_and_decoding_get_the_datasets_own_setting_when_it_has_one():
                for e in evidence)
     little = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01, transform_s={"Mosaic": 0.008}, decode_advice=advice))
     assert not any("outside the transforms" in r for r in little.recommendations)  # 20%: below the 30%
+
+
+def test_a_batch_copied_again_to_be_sent_is_named_from_8_mib():
+    big = diagnose(_gpu(data_wait_frac=0.5, unshared_batch_bytes=79 << 20))
+    (rec,) = [r for r in big.recommendations if "default_collate" in r]
+    assert rec.startswith("the collate function returns 79 MiB per batch in ordinary memory")
+    assert any("holds 79 MiB of tensors outside shared memory" in e for e in big.evidence)
+    small = diagnose(_gpu(data_wait_frac=0.5, unshared_batch_bytes=4 << 20))
+    assert not any("default_collate" in r for r in small.recommendations)  # 4 MiB: evidence only
+    assert any("holds 4 MiB" in e for e in small.evidence)
+    compute = diagnose(_gpu(unshared_batch_bytes=79 << 20))
+    assert compute.bottleneck == "compute" and not any("default_collate" in r for r in compute.recommendations)

@@ -340,3 +340,29 @@ def test_the_device_is_drained_at_both_ends_of_the_trace_before_torch_profiler_s
     last_prof_step = max(k for k, c in enumerate(calls) if c[0] == "prof.step")
     assert last_sync < last_prof_step, "the device must be drained before prof.step() ends the trace"
     assert prof.result().traced_steps == 2
+
+
+class Planes(Dataset):
+    """1 MiB float32 images (3 x 256 x 341), with their index."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.full((3, 256, 341), float(i)), i
+
+
+def _stack_collate(samples):
+    """A custom collate as many projects write it: torch.stack into ordinary memory."""
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+
+def test_a_collate_that_stacks_into_ordinary_memory_is_measured_and_named():
+    """torch.stack in a worker leaves the batch outside shared memory (copied again to be sent);
+    default_collate allocates it there. The report tells the two apart."""
+    custom = po.profile(DataLoader(Planes(), batch_size=8, num_workers=1, collate_fn=_stack_collate), tiny_model(),
+                        steps=3, warmup=1, limit=False)
+    plain = po.profile(DataLoader(Planes(), batch_size=8, num_workers=1), tiny_model(), steps=3, warmup=1, limit=False)
+    mib = 8 * 3 * 256 * 341 * 4 / (1 << 20)  # 8.0 MiB of images per batch (+ the labels' few bytes)
+    assert any(f"holds {mib:.0f} MiB of tensors outside shared memory" in e for e in custom.evidence)
+    assert not any("outside shared memory" in e for e in plain.evidence)
