@@ -199,6 +199,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
             "image_cache": summary.get("image_cache"),
+            "shared_image_collate": summary.get("shared_image_collate"),
             "train_loader": summary.get("train_loader")}
 
 

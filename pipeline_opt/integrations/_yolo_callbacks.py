@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._collate import install_shared_image_collate
+from pipeline_opt._collate import SharedImageCollate, install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_augment import (
     GpuAugmentedPreprocess,
@@ -485,6 +485,7 @@ class YoloIntegration:
             "device": str(t.device),
             "train_loader": loader_config(t.train_loader) if hasattr(t, "train_loader") else None,
             "image_cache": getattr(dataset, "cache", None),  # ultralytics' cache: None, "ram" or "disk"
+            "shared_image_collate": _stacks_into_shared_memory(getattr(t, "train_loader", None)),
             "gpu_augment": None if run.switch is None else {
                 "applied": run.switch.active,
                 "decision": None if run.switch.decision is None else run.switch.decision.to_dict(),
@@ -558,3 +559,14 @@ class _AfterRebuild:
         out = self.original(*args, **kwargs)
         self.integration.after_rebuild(self.run, self.rebuilt_loader)
         return out
+
+
+def _stacks_into_shared_memory(loader: Any) -> bool:
+    """Whether ``loader``'s workers stack the images into shared memory (:class:`SharedImageCollate`,
+    also under the shared slots' or the profiler's collate wrappers)."""
+    collate = getattr(getattr(loader, "loader", loader), "collate_fn", None)
+    for _ in range(8):
+        if collate is None or isinstance(collate, SharedImageCollate):
+            return collate is not None
+        collate = getattr(collate, "collate_fn", None)
+    return False

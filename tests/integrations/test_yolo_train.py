@@ -149,6 +149,7 @@ def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train
     assert mosaic.apply_image.windows >= len(trainer.train_loader.dataset)  # the workers (here: 0) built windows
     assert trainer.args.degrees == 0.0 and trainer.args.translate == pytest.approx(0.1)  # args untouched
     summary = json.loads((trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
+    assert summary["shared_image_collate"] is True and summary["image_cache"] is None
     affine = summary["gpu_augment"]["affine"]
     assert affine["applied"] is True and affine["decision"]["subject"] == "gpu_affine"
     assert affine["decision"]["gpu_throughput"] == pytest.approx(160.0)
