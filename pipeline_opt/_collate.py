@@ -24,6 +24,16 @@ _MAX_DEPTH = 8
 SHARED_IMAGE_COLLATE = True  # False: install_shared_image_collate leaves loaders as they are (benchmarks compare)
 
 
+def find_collate(collate_fn: Any, cls: type) -> Any:
+    """The ``cls`` instance in the chain ``collate_fn``, ``collate_fn.collate_fn``, ... (collate
+    wrappers keep the function they wrap there: the profiler's, shared slots', ours), else None."""
+    for _ in range(_MAX_DEPTH):
+        if collate_fn is None or isinstance(collate_fn, cls):
+            return collate_fn
+        collate_fn = getattr(collate_fn, "collate_fn", None)
+    return None
+
+
 def is_ultralytics_collate(fn: Any) -> bool:
     """Whether ``fn`` is ultralytics' ``YOLODataset.collate_fn`` (stacks ``img``, sorts the keys),
     also under wrappers that return exactly what it returns (:class:`SharedImageCollate`)."""

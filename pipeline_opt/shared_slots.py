@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from pipeline_opt._collate import collate_around, is_ultralytics_collate, stackable_images
+from pipeline_opt._collate import collate_around, find_collate, is_ultralytics_collate, stackable_images
 from pipeline_opt._logging import get_logger
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
@@ -63,7 +63,6 @@ ALIGN = 64  # every tensor packed into a slot starts at a multiple of this
 PACK_RESERVE_MIN = 256 * 1024  # room in a slot beyond its image for the batch's other tensors
 LOCK_TIMEOUT_S = 1.0
 DEFAULT_EXTRA_SLOTS = 2  # beyond prefetch_factor: the batch being copied and the one before it
-_MAX_COLLATE_DEPTH = 8  # collate wrappers looked through for a SlotCollate
 
 # counters per worker (columns of SlotPool.counters)
 _SLOTTED, _BUSY, _ALLOC_FAILED, _UNSUPPORTED, _BY_REF, _FETCH_NS, _COLLATE_NS = range(7)
@@ -471,12 +470,7 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
 def slot_collate_of(loader: Any) -> SlotCollate | None:
     """The :class:`SlotCollate` of a loader made by :func:`slot_loader` (also under collate wrappers
     that keep the function they wrap in ``.collate_fn``, e.g. the worker profiler's), else None."""
-    collate = getattr(loader, "collate_fn", None)
-    for _ in range(_MAX_COLLATE_DEPTH):
-        if collate is None or isinstance(collate, SlotCollate):
-            return collate
-        collate = getattr(collate, "collate_fn", None)
-    return None
+    return find_collate(getattr(loader, "collate_fn", None), SlotCollate)
 
 
 def slot_pool_of(loader: Any) -> SlotPool | None:

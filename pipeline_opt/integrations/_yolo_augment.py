@@ -33,6 +33,7 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_mosaic import (
+    AFFINE_GAINS,
     MOSAIC_STAGE,
     MosaicWindow,
     WindowParams,
@@ -44,7 +45,6 @@ from pipeline_opt.integrations._yolo_walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")
 
-_AFFINE_GAINS = ("degrees", "translate", "scale", "shear", "perspective")
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                 stages.append((f"RandomFlip({t.direction})", {"p": t.p}))
                 t.p = 0.0
         elif affine and isinstance(t, RandomPerspective):
-            before = {k: getattr(t, k) for k in _AFFINE_GAINS}
+            before = {k: getattr(t, k) for k in AFFINE_GAINS}
             if any(before.values()):
-                for k in _AFFINE_GAINS:
+                for k in AFFINE_GAINS:
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
@@ -112,7 +112,7 @@ def active_cpu_stages(dataset: Any, *, affine: bool = False) -> list[str]:
             out.append("RandomHSV")
         elif isinstance(t, RandomFlip) and t.p > 0:
             out.append(f"RandomFlip({t.direction})")
-        elif affine and isinstance(t, RandomPerspective) and any(getattr(t, k) for k in _AFFINE_GAINS):
+        elif affine and isinstance(t, RandomPerspective) and any(getattr(t, k) for k in AFFINE_GAINS):
             out.append("RandomPerspective")
     return out
 
@@ -301,7 +301,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             name = "RandomHSV"
         elif isinstance(t, RandomFlip) and t.p == 0:
             name = f"RandomFlip({t.direction})"
-        elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in _AFFINE_GAINS):
+        elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in AFFINE_GAINS):
             name = "RandomPerspective"
         elif isinstance(t, Format) and isinstance(t.__dict__.get("_format_img"), DeviceLayoutFormat):
             name = LAYOUT_STAGE

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._collate import SharedImageCollate, install_shared_image_collate
+from pipeline_opt._collate import SharedImageCollate, find_collate, install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations._yolo_augment import (
     GpuAugmentedPreprocess,
@@ -563,10 +563,6 @@ class _AfterRebuild:
 
 def _stacks_into_shared_memory(loader: Any) -> bool:
     """Whether ``loader``'s workers stack the images into shared memory (:class:`SharedImageCollate`,
-    also under the shared slots' or the profiler's collate wrappers)."""
-    collate = getattr(getattr(loader, "loader", loader), "collate_fn", None)
-    for _ in range(8):
-        if collate is None or isinstance(collate, SharedImageCollate):
-            return collate is not None
-        collate = getattr(collate, "collate_fn", None)
-    return False
+    also under the shared slots' or the profiler's collate wrappers, or a ``DeviceLoader``)."""
+    loader = getattr(loader, "loader", loader)
+    return find_collate(getattr(loader, "collate_fn", None), SharedImageCollate) is not None

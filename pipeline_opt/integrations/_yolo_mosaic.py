@@ -28,7 +28,7 @@ MOSAIC_STAGE = "Mosaic(full canvas)"
 MOSAIC_WINDOW = True  # False: Mosaic builds its whole canvas (benchmarks compare both)
 WINDOW_KEY = "pipeline_opt_mosaic_window"  # labels key from Mosaic to the warp: (x0, y0, canvas h, canvas w)
 _FILL = 114  # ultralytics' Mosaic canvas fill
-_GAINS = ("degrees", "translate", "scale", "shear", "perspective")
+AFFINE_GAINS = ("degrees", "translate", "scale", "shear", "perspective")  # RandomPerspective's warp gains
 
 
 def centre_window(imgsz: int, size: Any) -> tuple[int, int, int, int] | None:
@@ -86,7 +86,7 @@ def _is_window_crop(perspective: Any) -> bool:
     """``perspective`` is a silenced ``RandomPerspective`` whose params and crop both take windows."""
     d = perspective.__dict__
     return isinstance(d.get("get_params"), WindowParams) and getattr(d.get("apply_image"), "takes_windows", False) \
-        and not any(getattr(perspective, k, 1) for k in _GAINS)
+        and not any(getattr(perspective, k, 1) for k in AFFINE_GAINS)
 
 
 class MosaicWindow:

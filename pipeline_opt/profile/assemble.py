@@ -16,7 +16,7 @@ import torch
 
 from pipeline_opt.profile.collector import WorkerRecord
 from pipeline_opt.profile.decode_advice import decode_advice
-from pipeline_opt.profile.diagnosis import Measurements, diagnose
+from pipeline_opt.profile.diagnosis import SETTING_SHARE, Measurements, diagnose, outside_share
 from pipeline_opt.profile.main_profiler import MainResult, median
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.profile.trace import build_trace
@@ -104,6 +104,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         for name, ns in r.transform_ns.items():
             transform_ns[name] = transform_ns.get(name, 0) + ns
     transform_s = {k: v / samples / 1e9 for k, v in transform_ns.items()} if samples else {}
+    sample_s = sample_ns / samples / 1e9 if samples else 0.0
     batch_cpu_s = (sample_ns + collate_ns) / batches / 1e9 if batches else 0.0
     step_time = median([s.step_s for s in steps])
     compute = median([s.compute_s for s in steps])
@@ -121,7 +122,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         sync_frac=sync_frac,
         sync_ops=main.sync_ops,
         batch_cpu_s=batch_cpu_s,
-        sample_s=sample_ns / samples / 1e9 if samples else 0.0,
+        sample_s=sample_s,
         transform_s=transform_s,
         num_workers=int(loader_config.get("num_workers") or 0),
         prefetch_factor=loader_config.get("prefetch_factor"),
@@ -133,7 +134,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         has_conv=has_conv,
         throughput=throughput,
         limit_throughput=limit_throughput,
-        decode_advice=decode_advice(dataset),
+        decode_advice=decode_advice(dataset) if (outside_share(sample_s, transform_s) or 0.0) >= SETTING_SHARE else "",
         unshared_batch_bytes=unshared,
     )
     diagnosis = diagnose(measurements)

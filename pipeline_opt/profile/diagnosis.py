@@ -141,6 +141,14 @@ def _transform_shares(m: Measurements) -> list[tuple[str, float]]:
     return sorted(shares, key=lambda kv: -kv[1])
 
 
+def outside_share(sample_s: float, transform_s: Mapping[str, float]) -> float | None:
+    """The share of a worker's time per sample spent outside the timed transforms (reading,
+    decoding, the dataset's own code), or None without per-transform times."""
+    if sample_s <= 0 or not transform_s:
+        return None
+    return 1 - sum(transform_s.values()) / sample_s
+
+
 def evidence(m: Measurements) -> tuple[str, ...]:
     """Sentences stating the measured facts behind the diagnosis."""
     out = [f"data wait {_pct(m.data_wait_frac)} of step time (median step {m.step_time_s:.4f} s, "
@@ -160,7 +168,7 @@ def evidence(m: Measurements) -> tuple[str, ...]:
     shares = _transform_shares(m)
     if shares:
         top = ", ".join(f"{n} {_pct(s)}" for n, s in shares[:3])
-        outside = 1 - sum(s for _, s in shares)
+        outside = outside_share(m.sample_s, m.transform_s)
         out.append(f"per-sample time {m.sample_s * 1e3:.2f} ms; transforms: {top}"
                    + (f"; outside the transforms (reading, decoding): {_pct(outside)}" if outside >= 0.005 else ""))
     if m.unshared_batch_bytes >= 1 << 20:
@@ -227,10 +235,10 @@ def _transform_recommendations(m: Measurements) -> list[str]:
         recs.append(f"install Pillow-SIMD: resizing is {_pct(resize)} of worker time and Pillow-SIMD resizes 5-8x "
                     "faster (pip uninstall -y pillow && CC=\"cc -mavx2\" pip install --no-cache-dir --no-deps "
                     "pillow-simd)")
-    outside = 1 - sum(s for _, s in shares)
-    if shares and m.decode_advice and outside >= SETTING_SHARE:
+    outside = outside_share(m.sample_s, m.transform_s)
+    if outside is not None and m.decode_advice and outside >= SETTING_SHARE:
         recs.append(f"{_pct(outside)} of sample time is outside the transforms: {m.decode_advice}")
-    elif shares and outside > OUTSIDE_SHARE:
+    elif outside is not None and outside > OUTSIDE_SHARE:
         recs.append(f"{_pct(outside)} of sample time is outside the transforms (reading / decoding): "
                     "decode at reduced size (PIL Image.draft) or on the GPU (torchvision.io.decode_jpeg(device='cuda'))")
     return recs
