@@ -61,6 +61,8 @@ ROWS: dict[str, dict[str, Any]] = {
     LIMIT_ROW: {"gpu_augment": False, "replay": True},
     "trainer, CPU augmentation": {"gpu_augment": False},
     "trainer, GPU HSV/flip": {"gpu_augment": "force"},
+    "trainer, GPU HSV/flip, images stacked in ordinary memory": {"gpu_augment": "force",
+                                                                 "shared_image_collate": False},
     "trainer, GPU HSV/flip + shared slots": {"gpu_augment": "force", "shared_slots": "force"},
     "trainer, GPU HSV/flip + shared slots, channel-first workers": {"gpu_augment": "force", "shared_slots": "force",
                                                                     "device_layout": False},
@@ -77,6 +79,7 @@ WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
 WARP_FULL_CANVAS_ROW = "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"
 WARP_RAM_ROW = "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"
 GPU_ROW = "trainer, GPU HSV/flip"
+GPU_COPY_ROW = "trainer, GPU HSV/flip, images stacked in ordinary memory"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ def child(args: Any) -> int:
         from pipeline_opt.integrations import _yolo_augment
 
         _yolo_augment.DEVICE_LAYOUT = False
+    if not options.pop("shared_image_collate", True):
+        from pipeline_opt import _collate
+
+        _collate.SHARED_IMAGE_COLLATE = False
     if not options.pop("mosaic_window", True):
         from pipeline_opt.integrations import _yolo_mosaic
 
@@ -251,6 +258,7 @@ def run(args: Any) -> Path:
         "channel_last_vs_channel_first_workers": H.ratio(by.get(SLOTS_ROW), by.get(CHANNEL_FIRST_ROW)),
         "mosaic_window_vs_full_canvas": H.ratio(by.get(WARP_ROW), by.get(WARP_FULL_CANVAS_ROW)),
         "cache_ram_vs_decoding_workers": H.ratio(by.get(WARP_RAM_ROW), by.get(WARP_ROW)),
+        "shm_stacking_vs_ordinary_memory": H.ratio(by.get(GPU_ROW), by.get(GPU_COPY_ROW)),
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,
         # a verdict needs repeated runs: one run per row has no spread to compare with
@@ -269,7 +277,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_chw", "slots_warp", "slots_warp_full", "slots_warp_ram"),
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "gpu_copy", "slots", "slots_chw", "slots_warp", "slots_warp_full", "slots_warp_ram"),
                     ROWS))  # --rows names
 
 
