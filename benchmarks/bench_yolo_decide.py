@@ -103,7 +103,7 @@ def replay(decisions: list[dict[str, Any]], per_trial: int, merge: int, keep: in
     """Each decision's verdict again from its own windows, for every number of discarded raw windows
     that still leaves ``keep`` merged windows per trial: a longer warm-up against the current one
     (skip 0), on the same trials."""
-    from pipeline_opt.integrations._yolo_decide import _verdict
+    from pipeline_opt.integrations.ultralytics._decide import _verdict
     from pipeline_opt.tune.measure import Measurement
     from pipeline_opt.tune.search import MIN_GAIN
 
@@ -143,7 +143,7 @@ def run(args: Any) -> Path:
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(args.seed)
     data_yaml, gen_s = H.yolo_dataset(sizes.n_train, sizes.image_size, seed=args.seed)
-    from pipeline_opt.integrations._yolo_decide import decide_gpu_augment
+    from pipeline_opt.integrations.ultralytics._decide import decide_gpu_augment
 
     bench = Bench(data_yaml, sizes, device)
     bench.base.close()  # only the GPU-augment pipeline is measured

@@ -151,15 +151,15 @@ def child(args: Any) -> int:
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
     if not options.pop("device_layout", True):
-        from pipeline_opt.integrations import _yolo_augment
+        from pipeline_opt.integrations.ultralytics import _augment as _yolo_augment
 
         _yolo_augment.DEVICE_LAYOUT = False
     if not options.pop("shared_image_collate", True):
-        from pipeline_opt import _collate
+        from pipeline_opt.integrations.ultralytics import _collate
 
         _collate.SHARED_IMAGE_COLLATE = False
     if not options.pop("mosaic_window", True):
-        from pipeline_opt.integrations import _yolo_mosaic
+        from pipeline_opt.integrations.ultralytics import _mosaic as _yolo_mosaic
 
         _yolo_mosaic.MOSAIC_WINDOW = False
     cache = options.pop("cache", False)  # a train() argument, not attach()'s
@@ -323,7 +323,7 @@ def expected_moves(options: dict[str, Any]) -> set[str]:
     """The CPU stages a GPU row's ``attach`` options move to the device (ultralytics' defaults:
     HSV, the horizontal flip; the warp with ``gpu_affine``, and then the Mosaic canvas's outside unless
     ``mosaic_window`` is off; Format's copy unless ``device_layout`` is off)."""
-    from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE
+    from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE
 
     moved = {"RandomHSV", "RandomFlip(horizontal)"}
     if options.get("gpu_affine"):

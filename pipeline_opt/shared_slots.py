@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from pipeline_opt._collate import collate_around, find_collate, is_ultralytics_collate, stackable_images
+from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, is_ultralytics_collate, stackable_images
 from pipeline_opt._logging import get_logger
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]

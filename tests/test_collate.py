@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt import _collate
-from pipeline_opt._collate import (
+from pipeline_opt.integrations.ultralytics import _collate
+from pipeline_opt.integrations.ultralytics._collate import (
     SharedImageCollate,
     install_shared_image_collate,
     is_ultralytics_collate,

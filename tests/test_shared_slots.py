@@ -117,7 +117,7 @@ def test_unreleased_slots_fall_back_and_stay_correct():
 @pytest.mark.parametrize("shared_images", [False, True])
 def test_ultralytics_collate_stacks_into_the_slot(shared_images):
     """Also under SharedImageCollate: the slot is looked through to, not copied into after it."""
-    from pipeline_opt._collate import SharedImageCollate
+    from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
 
     ultralytics = pytest.importorskip("ultralytics.data.dataset")
     collate = ultralytics.YOLODataset.collate_fn

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
-from pipeline_opt.integrations._yolo_callbacks import AttachOptions
-from pipeline_opt.integrations._yolo_decide import AugmentDecision, AugmentSwitch
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
+from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
+from pipeline_opt.integrations.ultralytics._decide import AugmentDecision, AugmentSwitch
 from pipeline_opt.integrations.ultralytics import (
     active_cpu_stages,
     build_yolo_pipeline,
@@ -158,7 +158,7 @@ def test_forced_gpu_augment_forces_the_warp_too(yolo_data):
 
 
 def test_tune_yolo_records_the_warp_decision(pipe, monkeypatch):
-    import pipeline_opt.integrations._yolo_pipeline as yolo_pipeline
+    import pipeline_opt.integrations.ultralytics._pipeline as yolo_pipeline
 
     seen = []
 

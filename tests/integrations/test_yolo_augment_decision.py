@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE
-from pipeline_opt.integrations._yolo_callbacks import AttachOptions
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE
+from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.integrations.ultralytics import (
     YoloTuneResult,
     active_cpu_stages,
@@ -55,7 +55,7 @@ def pipe(yolo_data):
 def _hsv_flip(dataset):
     from ultralytics.data.augment import RandomFlip, RandomHSV
 
-    from pipeline_opt.integrations._yolo_augment import iter_transforms
+    from pipeline_opt.integrations.ultralytics._augment import iter_transforms
 
     ts = iter_transforms(dataset.transforms)
     hsv = next(t for t in ts if isinstance(t, RandomHSV))
@@ -107,7 +107,7 @@ def test_gpu_augment_within_the_threshold_is_not_applied(pipe, gpu, wobble, why)
                                                      (8, 16, 16), (12, 10, 12)])
 def test_windows_hold_whole_rounds_of_the_workers(pipe, workers, steps, expected):
     """10-step windows over 8 workers hold one burst of batches or two: the decision rounds them up."""
-    from pipeline_opt.integrations._yolo_decide import decide_gpu_augment
+    from pipeline_opt.integrations.ultralytics._decide import decide_gpu_augment
     from pipeline_opt.loader_clone import clone_loader
 
     loader = clone_loader(pipe.loader, num_workers=workers)  # never iterated: the measurement is injected
@@ -201,7 +201,7 @@ def test_a_failing_gpu_warm_up_keeps_the_cpu_stages(pipe, monkeypatch):
 
 
 def test_tune_yolo_decides_first_and_records_the_decision(pipe, monkeypatch):
-    import pipeline_opt.integrations._yolo_pipeline as yolo_pipeline
+    import pipeline_opt.integrations.ultralytics._pipeline as yolo_pipeline
 
     seen = []
 

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_opt.integrations import _yolo_mosaic
-from pipeline_opt.integrations._yolo_augment import (
+from pipeline_opt.integrations.ultralytics import _mosaic as _yolo_mosaic
+from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
     TranslationAsCrop,
     disable_cpu_augment,
     iter_transforms,
     restore_cpu_augment,
 )
-from pipeline_opt.integrations._yolo_mosaic import (
+from pipeline_opt.integrations.ultralytics._mosaic import (
     MOSAIC_STAGE,
     WINDOW_KEY,
     MosaicWindow,

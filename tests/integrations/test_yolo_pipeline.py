@@ -8,8 +8,8 @@ import pytest
 import torch
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, DisabledStages, iter_transforms
-from pipeline_opt.integrations._yolo_tune import (
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, DisabledStages, iter_transforms
+from pipeline_opt.integrations.ultralytics._tune import (
     config_changed,
     delivers_through_slots,
     plain_loader_of,
@@ -85,7 +85,7 @@ def test_an_integer_translation_crops_exactly_as_cv2_warps(shape, tx, ty):
     import cv2
     import numpy as np
 
-    from pipeline_opt.integrations._yolo_augment import integer_translation, translate_image
+    from pipeline_opt.integrations.ultralytics._augment import integer_translation, translate_image
 
     img = np.random.default_rng(0).integers(0, 256, size=shape, dtype=np.uint8)
     M = np.array([[1, 0, tx], [0, 1, ty], [0, 0, 1]], dtype=np.float32)
@@ -104,7 +104,7 @@ def test_a_silenced_affine_crops_the_mosaic_exactly_as_ultralytics_warps_it(yolo
     import numpy as np
     from ultralytics.data.augment import RandomPerspective
 
-    from pipeline_opt.integrations._yolo_augment import TranslationAsCrop, restore_cpu_augment
+    from pipeline_opt.integrations.ultralytics._augment import TranslationAsCrop, restore_cpu_augment
 
     pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
     try:
@@ -142,8 +142,8 @@ def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, replaya
     """Format's channel-first RGB copy moved to the device: same batches, bit for bit, any ``bgr``."""
     from ultralytics.data.augment import Format
 
-    from pipeline_opt.integrations._yolo_augment import DeviceLayoutFormat, restore_cpu_augment
-    from pipeline_opt.integrations._yolo_step import images_to_device, preprocess_images
+    from pipeline_opt.integrations.ultralytics._augment import DeviceLayoutFormat, restore_cpu_augment
+    from pipeline_opt.integrations.ultralytics._step import images_to_device, preprocess_images
 
     pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
     try:
@@ -173,8 +173,8 @@ def test_channel_last_delivery_leaves_other_channel_counts_to_format():
     import numpy as np
     from ultralytics.data.augment import Format
 
-    from pipeline_opt.integrations._yolo_augment import DeviceLayoutFormat
-    from pipeline_opt.integrations._yolo_step import delivered_channel_last
+    from pipeline_opt.integrations.ultralytics._augment import DeviceLayoutFormat
+    from pipeline_opt.integrations.ultralytics._step import delivered_channel_last
 
     fmt = Format()
     layout = DeviceLayoutFormat(fmt)
@@ -251,8 +251,8 @@ def test_cli_rejects_bad_arguments(argv, message, capsys):
 def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monkeypatch):
     import torch
 
-    from pipeline_opt.integrations import _yolo_step
-    from pipeline_opt.integrations._yolo_step import YoloStep, images_to_device
+    from pipeline_opt.integrations.ultralytics import _step as _yolo_step
+    from pipeline_opt.integrations.ultralytics._step import YoloStep, images_to_device
 
     batch = {"img": torch.zeros(2, 3, 8, 8, dtype=torch.uint8), "bboxes": torch.rand(3, 4),
              "batch_idx": torch.tensor([0.0, 0.0, 1.0]), "cls": torch.zeros(3, 1)}
@@ -271,7 +271,7 @@ def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monke
 def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys, monkeypatch):
     import json
 
-    from pipeline_opt.integrations import _yolo_pipeline
+    from pipeline_opt.integrations.ultralytics import _pipeline as _yolo_pipeline
 
     caches = []
     build = _yolo_pipeline.build_yolo_pipeline
@@ -317,7 +317,7 @@ def test_decode_advice_recognises_an_ultralytics_training_set_and_its_cache(yolo
 def test_the_pipelines_workers_stack_images_into_shared_memory_and_deliver_the_same_batches(yolo_data,
                                                                                              monkeypatch):
     """ultralytics seeds its loader and workers: the same batches with and without SharedImageCollate."""
-    from pipeline_opt import _collate
+    from pipeline_opt.integrations.ultralytics import _collate
 
     def batches(shared):
         monkeypatch.setattr(_collate, "SHARED_IMAGE_COLLATE", shared)

@@ -8,8 +8,8 @@ import pytest
 from ultralytics import YOLO
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt._collate import SharedImageCollate
-from pipeline_opt.integrations._yolo_augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
+from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
 from pipeline_opt.integrations.ultralytics import GpuAugmentedPreprocess, active_cpu_stages, attach
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.tune.measure import Measurement
@@ -237,7 +237,7 @@ def test_shared_slots_as_a_candidate_are_passed_to_the_tuner(yolo_data, tmp_path
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_bad_shared_slots_values_are_rejected(bad):
-    from pipeline_opt.integrations._yolo_callbacks import AttachOptions
+    from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 
     with pytest.raises(ValueError, match="shared_slots="):
         AttachOptions(shared_slots=bad)

@@ -25,23 +25,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline_opt.integrations._yolo_augment import (
+from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
     GpuAugmentedPreprocess,
     active_cpu_stages,
     disable_cpu_augment,
     restore_cpu_augment,
 )
-from pipeline_opt.integrations._yolo_callbacks import AttachOptions, YoloIntegration
-from pipeline_opt.integrations._yolo_cli import cli_main
-from pipeline_opt.integrations._yolo_decide import (
+from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
+from pipeline_opt.integrations.ultralytics._cli import cli_main
+from pipeline_opt.integrations.ultralytics._decide import (
     AugmentDecision,
     AugmentSwitch,
     decide_gpu_affine,
     decide_gpu_augment,
 )
-from pipeline_opt.integrations._yolo_env import prepare_offline_env
-from pipeline_opt.integrations._yolo_pipeline import (
+from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._pipeline import (
     YoloPipeline,
     YoloTuneResult,
     build_yolo_pipeline,
@@ -49,7 +49,7 @@ from pipeline_opt.integrations._yolo_pipeline import (
     profile_yolo,
     tune_yolo,
 )
-from pipeline_opt.integrations._yolo_step import TrainerStep, YoloStep
+from pipeline_opt.integrations.ultralytics._step import TrainerStep, YoloStep
 
 __all__ = [
     "AttachOptions",

@@ -11,7 +11,7 @@ Two halves that must always be applied together, or images are augmented twice (
   device, applies :class:`pipeline_opt.transforms.detection.DetectionGPUAugment` on the uint8
   images (autocast off) and then calls the original preprocessing (``/255``, multi-scale).
 * With the warp on the device, Mosaic builds only the window of its canvas that the silenced warp
-  keeps (:mod:`~pipeline_opt.integrations._yolo_mosaic`), and the crop keeps that window as it is.
+  keeps (:mod:`~pipeline_opt.integrations.ultralytics._mosaic`), and the crop keeps that window as it is.
 * The workers' last image copy moves too: ``Format`` hands over each 3-channel image as it is,
   height x width x channel (:class:`DeviceLayoutFormat`), instead of copying it into channel-first
   RGB, and the device makes the batch channel-first RGB (:func:`to_channel_first_rgb`) before the
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations._yolo_mosaic import (
+from pipeline_opt.integrations.ultralytics._mosaic import (
     AFFINE_GAINS,
     MOSAIC_STAGE,
     MosaicWindow,
@@ -40,8 +40,8 @@ from pipeline_opt.integrations._yolo_mosaic import (
     install_mosaic_windows,
     remove_mosaic_window,
 )
-from pipeline_opt.integrations._yolo_step import images_to_device
-from pipeline_opt.integrations._yolo_walk import iter_transforms
+from pipeline_opt.integrations.ultralytics._step import images_to_device
+from pipeline_opt.integrations.ultralytics._walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")
 
@@ -126,7 +126,7 @@ def _crop_instead_of_warp(transform: Any) -> None:
     With every gain at 0 its matrix is a whole-pixel translation, and ``cv2.warpAffine`` then
     makes only a crop of the Mosaic canvas at the cost of a full bilinear warp (a few ms per
     image in every worker). Its ``get_params`` learns to take a Mosaic window
-    (:class:`~pipeline_opt.integrations._yolo_mosaic.WindowParams`). Versions whose
+    (:class:`~pipeline_opt.integrations.ultralytics._mosaic.WindowParams`). Versions whose
     ``RandomPerspective`` has no ``apply_image`` / ``get_params`` keep their warp."""
     if callable(getattr(type(transform), "apply_image", None)) and callable(getattr(type(transform), "get_params", None)):
         transform.apply_image = TranslationAsCrop(transform)
@@ -167,7 +167,7 @@ class TranslationAsCrop:
     is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp.
 
     An image that is only a window of the Mosaic canvas (``params["window"]``, see
-    :mod:`~pipeline_opt.integrations._yolo_mosaic`) is cropped relative to the window, which must hold
+    :mod:`~pipeline_opt.integrations.ultralytics._mosaic`) is cropped relative to the window, which must hold
     the whole crop; where the crop is the window itself, the image is kept without a copy."""
 
     takes_windows = True
@@ -199,7 +199,7 @@ def _shift_in_window(shift: tuple[int, int] | None, window: tuple[int, int], img
     """The crop's shift relative to a Mosaic window at ``window`` = ``(x0, y0)`` on the canvas.
 
     Raises ``RuntimeError`` when the window cannot serve the crop (a real warp, or a crop reaching
-    past the window): :class:`~pipeline_opt.integrations._yolo_mosaic.MosaicWindow` builds a window
+    past the window): :class:`~pipeline_opt.integrations.ultralytics._mosaic.MosaicWindow` builds a window
     only where the silenced warp's crop is exactly that window, so this is a bug, never a fall-back."""
     if shift is not None and img is not None and img.ndim in (2, 3):
         tx, ty = shift[0] + window[0], shift[1] + window[1]
@@ -208,7 +208,7 @@ def _shift_in_window(shift: tuple[int, int] | None, window: tuple[int, int], img
     raise RuntimeError(
         f"pipeline_opt built a Mosaic window at {tuple(window)} of shape "
         f"{None if img is None else img.shape} that the warp cannot crop (shift {shift}, size {tuple(size)}); "
-        "set pipeline_opt.integrations._yolo_mosaic.MOSAIC_WINDOW = False and report this"
+        "set pipeline_opt.integrations.ultralytics._mosaic.MOSAIC_WINDOW = False and report this"
     )
 
 

@@ -32,21 +32,21 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._collate import SharedImageCollate, find_collate, install_shared_image_collate
+from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate, find_collate, install_shared_image_collate
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations._yolo_augment import (
+from pipeline_opt.integrations.ultralytics._augment import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
     build_gpu_augment,
 )
-from pipeline_opt.integrations._yolo_ddp import (
+from pipeline_opt.integrations.ultralytics._ddp import (
     agree_on_augment,
     ddp_rank,
     inner_model,
     overruled,
     write_combined_profile,
 )
-from pipeline_opt.integrations._yolo_decide import (
+from pipeline_opt.integrations.ultralytics._decide import (
     FORCE,
     AugmentSwitch,
     candidate_switch,
@@ -54,8 +54,8 @@ from pipeline_opt.integrations._yolo_decide import (
     decide_gpu_affine,
     decide_gpu_augment,
 )
-from pipeline_opt.integrations._yolo_step import TrainerStep
-from pipeline_opt.integrations._yolo_tune import (
+from pipeline_opt.integrations.ultralytics._step import TrainerStep
+from pipeline_opt.integrations.ultralytics._tune import (
     config_changed,
     delivers_through_slots,
     device_notes,

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._collate import install_shared_image_collate
+from pipeline_opt.integrations.ultralytics._collate import install_shared_image_collate
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations._yolo_augment import build_gpu_augment
-from pipeline_opt.integrations._yolo_decide import (
+from pipeline_opt.integrations.ultralytics._augment import build_gpu_augment
+from pipeline_opt.integrations.ultralytics._decide import (
     AugmentDecision,
     AugmentSwitch,
     candidate_switch,
@@ -26,9 +26,9 @@ from pipeline_opt.integrations._yolo_decide import (
     decide_gpu_affine,
     decide_gpu_augment,
 )
-from pipeline_opt.integrations._yolo_env import prepare_offline_env
-from pipeline_opt.integrations._yolo_step import AMP_CHOICES, YoloStep, default_amp
-from pipeline_opt.integrations._yolo_tune import tune_loader
+from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._step import AMP_CHOICES, YoloStep, default_amp
+from pipeline_opt.integrations.ultralytics._tune import tune_loader
 from pipeline_opt.tune.result import TuneResult
 
 log = get_logger("integrations.ultralytics")

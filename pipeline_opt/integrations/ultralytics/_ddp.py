@@ -2,7 +2,7 @@
 
 ultralytics runs multi-GPU training by writing a script that rebuilds the trainer in
 ``torch.distributed.run`` subprocesses, one per GPU, with the callbacks pickled along
-(cloudpickle): the :class:`~pipeline_opt.integrations._yolo_callbacks.YoloIntegration` of
+(cloudpickle): the :class:`~pipeline_opt.integrations.ultralytics._callbacks.YoloIntegration` of
 :func:`attach` arrives in every rank with its options and fires there after ultralytics has
 initialised the process group and wrapped the model in ``DistributedDataParallel``. Per rank:
 

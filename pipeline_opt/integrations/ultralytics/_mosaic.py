@@ -2,7 +2,7 @@
 
 With the warp on the device (``gpu_affine``), the workers' ``RandomPerspective`` has every gain at 0
 and only crops the middle ``imgsz`` x ``imgsz`` window out of the ``2 imgsz`` x ``2 imgsz`` Mosaic
-canvas (:class:`~pipeline_opt.integrations._yolo_augment.TranslationAsCrop`). ultralytics still fills
+canvas (:class:`~pipeline_opt.integrations.ultralytics._augment.TranslationAsCrop`). ultralytics still fills
 the whole canvas with 114 and copies the four images into it, four times the pixels the crop keeps,
 and the crop then copies the window out again.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline_opt.integrations._yolo_walk import transform_lists, unwrap
+from pipeline_opt.integrations.ultralytics._walk import transform_lists, unwrap
 
 MOSAIC_STAGE = "Mosaic(full canvas)"
 MOSAIC_WINDOW = True  # False: Mosaic builds its whole canvas (benchmarks compare both)

@@ -75,7 +75,7 @@ def images_to_device(batch: dict, device: torch.device) -> dict:
 
 def delivered_channel_last(img: Any) -> bool:
     """Whether a batch ``img`` is (B, H, W, 3), as the workers deliver it with the GPU augmentation
-    (:class:`pipeline_opt.integrations._yolo_augment.DeviceLayoutFormat`).
+    (:class:`pipeline_opt.integrations.ultralytics._augment.DeviceLayoutFormat`).
 
     ultralytics' own batches are (B, C, H, W) with C = 3, or another channel count that is never an
     image side (sides are at least 32 px): the shape tells the two apart."""

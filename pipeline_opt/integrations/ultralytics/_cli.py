@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_opt._logging import enable_console_logging, get_logger
-from pipeline_opt.integrations._yolo_env import prepare_offline_env
-from pipeline_opt.integrations._yolo_step import AMP_CHOICES
+from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._step import AMP_CHOICES
 
 log = get_logger("integrations.ultralytics")
 
@@ -70,7 +70,7 @@ def _validate(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> dict:
     """Profile before, tune, profile after; returns the summary written to ``--out``."""
     prepare_offline_env()
-    from pipeline_opt.integrations._yolo_pipeline import build_yolo_pipeline, profile_yolo, tune_yolo
+    from pipeline_opt.integrations.ultralytics._pipeline import build_yolo_pipeline, profile_yolo, tune_yolo
     from pipeline_opt.report.text import before_after_table
 
     data = args.data
