@@ -69,10 +69,9 @@ def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int
     ``loader`` = ``(workers, batches, warmup)`` and batches > 0, ``loader_img_s`` too."""
     import cv2
 
-    from pipeline_opt.integrations.ultralytics import _collate
     from pipeline_opt.datasets import make_yolo_dataset
-    from pipeline_opt.integrations.ultralytics import _augment as _yolo_augment, _yolo_mosaic
-    from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
+    from pipeline_opt.integrations.ultralytics import _augment as _yolo_augment
+    from pipeline_opt.integrations.ultralytics import _collate, _yolo_mosaic, build_yolo_pipeline
 
     cv2.setNumThreads(0)  # as in a DataLoader worker
     _yolo_mosaic.MOSAIC_WINDOW = variant != "full"

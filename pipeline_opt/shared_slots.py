@@ -50,8 +50,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, is_ultralytics_collate, stackable_images
 from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations.ultralytics._collate import (
+    collate_around,
+    find_collate,
+    is_ultralytics_collate,
+    stackable_images,
+)
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
 

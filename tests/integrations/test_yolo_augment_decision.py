@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE
-from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.integrations.ultralytics import (
     YoloTuneResult,
     active_cpu_stages,
@@ -13,6 +11,8 @@ from pipeline_opt.integrations.ultralytics import (
     decide_yolo_augment,
     tune_yolo,
 )
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE
+from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline_opt.integrations.ultralytics import _mosaic as _yolo_mosaic
+from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
 from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
     TranslationAsCrop,
@@ -22,7 +23,6 @@ from pipeline_opt.integrations.ultralytics._mosaic import (
     centre_window,
     paste_window,
 )
-from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
 
 
 def _stage(ds, cls):

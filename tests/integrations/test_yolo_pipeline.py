@@ -8,13 +8,6 @@ import pytest
 import torch
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, DisabledStages, iter_transforms
-from pipeline_opt.integrations.ultralytics._tune import (
-    config_changed,
-    delivers_through_slots,
-    plain_loader_of,
-    rebuild_loader,
-)
 from pipeline_opt.integrations.ultralytics import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
@@ -23,6 +16,13 @@ from pipeline_opt.integrations.ultralytics import (
     disable_cpu_augment,
     prepare_offline_env,
     profile_yolo,
+)
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, DisabledStages, iter_transforms
+from pipeline_opt.integrations.ultralytics._tune import (
+    config_changed,
+    delivers_through_slots,
+    plain_loader_of,
+    rebuild_loader,
 )
 from pipeline_opt.loader_clone import loader_config
 

@@ -32,12 +32,16 @@ from typing import Any
 
 import torch
 
-from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate, find_collate, install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._augment import (
     GpuAugmentedPreprocess,
     active_cpu_stages,
     build_gpu_augment,
+)
+from pipeline_opt.integrations.ultralytics._collate import (
+    SharedImageCollate,
+    find_collate,
+    install_shared_image_collate,
 )
 from pipeline_opt.integrations.ultralytics._ddp import (
     agree_on_augment,

@@ -29,7 +29,11 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard
-from pipeline_opt.integrations.ultralytics._augment import DisabledStages, disable_cpu_augment, restore_cpu_augment
+from pipeline_opt.integrations.ultralytics._augment import (
+    DisabledStages,
+    disable_cpu_augment,
+    restore_cpu_augment,
+)
 from pipeline_opt.integrations.ultralytics._mosaic import MOSAIC_STAGE
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure

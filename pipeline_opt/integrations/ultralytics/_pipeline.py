@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from pipeline_opt.integrations.ultralytics._collate import install_shared_image_collate
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._augment import build_gpu_augment
+from pipeline_opt.integrations.ultralytics._collate import install_shared_image_collate
 from pipeline_opt.integrations.ultralytics._decide import (
     AugmentDecision,
     AugmentSwitch,
