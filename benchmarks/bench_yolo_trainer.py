@@ -18,12 +18,12 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
     trainer, GPU HSV/flip + shared slots       attach(gpu_augment="force", shared_slots="force")
     ..., channel-first workers                 the same, with the workers' Format copying each image into
                                                channel-first RGB as ultralytics does (before the
-                                               channel-last delivery: _yolo_augment.DEVICE_LAYOUT off)
+                                               channel-last delivery: WorkerOptions(channel_last=False))
     trainer, GPU HSV/flip/warp + shared slots  attach(gpu_augment="force", gpu_affine="force",
                                                shared_slots="force"); the workers' Mosaic builds only the
                                                window of its canvas that the silenced warp keeps
     ..., full Mosaic canvas                    the same, with the workers' Mosaic building its whole
-                                               canvas as ultralytics does (_yolo_mosaic.MOSAIC_WINDOW off)
+                                               canvas as ultralytics does (WorkerOptions(mosaic_window=False))
     ..., cache='ram'                           the warp row with train(cache="ram"): ultralytics decodes
                                                every image once, before training, and the workers read
                                                them from memory (what the profile report recommends
@@ -142,7 +142,7 @@ def install_replay(trainer: Any) -> None:
 def child(args: Any) -> int:
     """One training run with the row's attach() arguments; exits 0 once the profile is saved."""
     os.environ["PERF_BENCH"] = "1"
-    from pipeline_opt.integrations.ultralytics import attach, prepare_offline_env
+    from pipeline_opt.integrations.ultralytics import WorkerOptions, attach, prepare_offline_env
 
     prepare_offline_env()
     from ultralytics import YOLO
@@ -150,24 +150,15 @@ def child(args: Any) -> int:
     work = Path(args.workdir)
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
-    if not options.pop("device_layout", True):
-        from pipeline_opt.integrations.ultralytics import _augment as _yolo_augment
-
-        _yolo_augment.DEVICE_LAYOUT = False
-    if not options.pop("shared_image_collate", True):
-        from pipeline_opt.integrations.ultralytics import _collate
-
-        _collate.SHARED_IMAGE_COLLATE = False
-    if not options.pop("mosaic_window", True):
-        from pipeline_opt.integrations.ultralytics import _mosaic as _yolo_mosaic
-
-        _yolo_mosaic.MOSAIC_WINDOW = False
+    worker_options = WorkerOptions(channel_last=options.pop("device_layout", True),
+                                   mosaic_window=options.pop("mosaic_window", True),
+                                   shm_images=options.pop("shared_image_collate", True))
     cache = options.pop("cache", False)  # a train() argument, not attach()'s
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
     attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=0,
-           output_dir=work / "pipeline_opt", workers=args.workers, **options)
+           output_dir=work / "pipeline_opt", workers=args.workers, worker_options=worker_options, **options)
     device = "cpu" if args.device == "cpu" else 0
     try:
         model.train(data=args.data, epochs=100, imgsz=args.imgsz, batch=args.batch, workers=args.workers,

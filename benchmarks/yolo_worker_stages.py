@@ -6,10 +6,10 @@ per run, and ``dataset[i]`` plus each stage is timed over ``--samples`` samples 
 Variants, run alternately ``--runs`` times each:
 
     window   the default: Mosaic builds only the window the silenced warp keeps, channel-last Format
-    full     Mosaic builds its whole canvas (``_yolo_mosaic.MOSAIC_WINDOW = False``)
-    chw      Format copies each image into channel-first RGB (``_yolo_augment.DEVICE_LAYOUT = False``)
+    full     Mosaic builds its whole canvas (``WorkerOptions(mosaic_window=False)``)
+    chw      Format copies each image into channel-first RGB (``WorkerOptions(channel_last=False)``)
     copy     the workers stack each batch's images into ordinary memory, which the DataLoader then
-             copies into shared memory to send them (``_collate.SHARED_IMAGE_COLLATE = False``);
+             copies into shared memory to send them (``WorkerOptions(shm_images=False)``);
              only the DataLoader rate can tell it from ``window``
 
     python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--variants window,full]
@@ -70,15 +70,14 @@ def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int
     import cv2
 
     from pipeline_opt.datasets import make_yolo_dataset
-    from pipeline_opt.integrations.ultralytics import _augment as _yolo_augment
-    from pipeline_opt.integrations.ultralytics import _collate, _yolo_mosaic, build_yolo_pipeline
+    from pipeline_opt.integrations.ultralytics import WorkerOptions, build_yolo_pipeline
 
     cv2.setNumThreads(0)  # as in a DataLoader worker
-    _yolo_mosaic.MOSAIC_WINDOW = variant != "full"
-    _yolo_augment.DEVICE_LAYOUT = variant != "chw"
-    _collate.SHARED_IMAGE_COLLATE = variant != "copy"
+    options = WorkerOptions(mosaic_window=variant != "full", channel_last=variant != "chw",
+                            shm_images=variant != "copy")
     data = make_yolo_dataset(n_train=images, n_val=8, size=(640, 480), seed=0)
-    pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force")
+    pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force",
+                               worker_options=options)
     times: dict[str, float] = collections.defaultdict(float)
 
     def timed(fn, name):

@@ -393,6 +393,7 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     res = results["bench_yolo_trainer"]
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"limit: trainer on one replayed batch", "trainer, CPU augmentation", "trainer, GPU HSV/flip",
+                         "trainer, GPU HSV/flip, images stacked in ordinary memory",
                          "trainer, GPU HSV/flip + shared slots",
                          "trainer, GPU HSV/flip + shared slots, channel-first workers",
                          "trainer, GPU HSV/flip/warp + shared slots",
@@ -417,6 +418,9 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert "RandomPerspective" in full_run["moved_to_device"]
     assert "Mosaic(full canvas)" not in full_run["moved_to_device"]
     assert res["summary"]["channel_last_vs_channel_first_workers"] > 0
+    (copy_run,) = rows["trainer, GPU HSV/flip, images stacked in ordinary memory"]["meta"]["runs"]
+    assert copy_run["shared_image_collate"] is False and cpu_run["shared_image_collate"] is True
+    assert res["summary"]["shm_stacking_vs_ordinary_memory"] > 0
     assert res["summary"]["mosaic_window_vs_full_canvas"] > 0 and res["summary"]["cache_ram_vs_decoding_workers"] > 0
     (ram_run,) = rows["trainer, GPU HSV/flip/warp + shared slots, cache='ram'"]["meta"]["runs"]
     assert set(ram_run["moved_to_device"]) == set(warp_run["moved_to_device"])

@@ -90,8 +90,5 @@ def test_install_only_on_an_unstarted_loader_with_ultralytics_collate(monkeypatc
     started = DataLoader(Samples(), batch_size=2, collate_fn=COLLATE)
     started.iterator = iter(started)  # ultralytics' InfiniteDataLoader keeps its running iterator here
     assert not install_shared_image_collate(started) and started.collate_fn is COLLATE
-    monkeypatch.setattr(_collate, "SHARED_IMAGE_COLLATE", False)
-    off = DataLoader(Samples(), batch_size=2, collate_fn=COLLATE)
-    assert not install_shared_image_collate(off) and off.collate_fn is COLLATE
     with pytest.raises(TypeError, match="must be callable"):
         SharedImageCollate(None)

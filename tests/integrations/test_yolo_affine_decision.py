@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_opt.integrations.ultralytics import (
+from pipeline_opt.integrations.ultralytics import build_yolo_pipeline, decide_yolo_augment, tune_yolo
+from pipeline_opt.integrations.ultralytics._augment import (
+    LAYOUT_STAGE,
+    MOSAIC_STAGE,
     active_cpu_stages,
-    build_yolo_pipeline,
-    decide_yolo_augment,
-    tune_yolo,
+    iter_transforms,
 )
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.integrations.ultralytics._decide import AugmentDecision, AugmentSwitch
 from pipeline_opt.tune.measure import Measurement, TrialFailed

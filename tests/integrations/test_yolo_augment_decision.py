@@ -6,12 +6,11 @@ import pytest
 
 from pipeline_opt.integrations.ultralytics import (
     YoloTuneResult,
-    active_cpu_stages,
     build_yolo_pipeline,
     decide_yolo_augment,
     tune_yolo,
 )
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE
+from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, active_cpu_stages
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_opt.integrations.ultralytics import _mosaic as _yolo_mosaic
-from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
+from pipeline_opt.integrations.ultralytics import WorkerOptions, build_yolo_pipeline
 from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
     TranslationAsCrop,
@@ -156,13 +155,13 @@ def test_mosaic_window_builds_the_full_canvas_when_the_pipeline_no_longer_allows
     assert built.window() == (32, 32, 64, 64)
 
 
-def test_no_window_is_installed_with_the_switch_off_or_without_the_warp(make_pipe, monkeypatch):
+def test_no_window_is_installed_with_the_option_off_or_without_the_warp(make_pipe):
     from ultralytics.data.augment import Mosaic
 
     ds = make_pipe(imgsz=64).dataset
     assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=False).names  # the warp stays in the workers
-    monkeypatch.setattr(_yolo_mosaic, "MOSAIC_WINDOW", False)
-    assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=True).names
+    off = WorkerOptions(mosaic_window=False)
+    assert MOSAIC_STAGE not in disable_cpu_augment(ds, affine=True, options=off).names
     assert "apply_image" not in _stage(ds, Mosaic).__dict__
 
 
@@ -175,7 +174,7 @@ def test_a_window_the_crop_cannot_serve_is_an_error_not_a_wrong_image():
     shift = np.array([[1, 0, -16], [0, 1, -16], [0, 0, 1]], dtype=np.float32)
     labels = crop({"img": img}, {"M": shift, "size": (32, 32), "window": (16, 16)})
     assert np.shares_memory(labels["img"], img) and labels["img"].shape == img.shape  # the window, no copy
-    with pytest.raises(RuntimeError, match="MOSAIC_WINDOW = False"):
+    with pytest.raises(RuntimeError, match="mosaic_window=False"):
         crop({"img": img}, {"M": shift, "size": (32, 32), "window": (8, 16)})  # 8 columns short
     half = np.array([[1, 0, -15.5], [0, 1, -16], [0, 0, 1]], dtype=np.float32)
     with pytest.raises(RuntimeError, match="cannot crop"):

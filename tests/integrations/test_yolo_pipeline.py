@@ -9,15 +9,19 @@ import torch
 from ultralytics.data.build import InfiniteDataLoader
 
 from pipeline_opt.integrations.ultralytics import (
-    GpuAugmentedPreprocess,
-    active_cpu_stages,
     build_yolo_pipeline,
     cli_main,
-    disable_cpu_augment,
     prepare_offline_env,
     profile_yolo,
 )
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, DisabledStages, iter_transforms
+from pipeline_opt.integrations.ultralytics._augment import (
+    LAYOUT_STAGE,
+    DisabledStages,
+    GpuAugmentedPreprocess,
+    active_cpu_stages,
+    disable_cpu_augment,
+    iter_transforms,
+)
 from pipeline_opt.integrations.ultralytics._tune import (
     config_changed,
     delivers_through_slots,
@@ -314,17 +318,16 @@ def test_decode_advice_recognises_an_ultralytics_training_set_and_its_cache(yolo
         cached.close()
 
 
-def test_the_pipelines_workers_stack_images_into_shared_memory_and_deliver_the_same_batches(yolo_data,
-                                                                                             monkeypatch):
+def test_the_pipelines_workers_stack_images_into_shared_memory_and_deliver_the_same_batches(yolo_data):
     """ultralytics seeds its loader and workers: the same batches with and without SharedImageCollate."""
-    from pipeline_opt.integrations.ultralytics import _collate
+    from pipeline_opt.integrations.ultralytics import WorkerOptions
+    from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
 
     def batches(shared):
-        monkeypatch.setattr(_collate, "SHARED_IMAGE_COLLATE", shared)
         pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=2, device="cpu", gpu_augment="force",
-                                   gpu_affine="force")
+                                   gpu_affine="force", worker_options=WorkerOptions(shm_images=shared))
         try:
-            assert isinstance(pipe.loader.collate_fn, _collate.SharedImageCollate) == shared
+            assert isinstance(pipe.loader.collate_fn, SharedImageCollate) == shared
             return list(pipe.loader)  # one epoch: 4 batches
         finally:
             pipe.close()

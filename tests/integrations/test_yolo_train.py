@@ -8,8 +8,14 @@ import pytest
 from ultralytics import YOLO
 from ultralytics.data.build import InfiniteDataLoader
 
-from pipeline_opt.integrations.ultralytics import GpuAugmentedPreprocess, active_cpu_stages, attach
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE, iter_transforms
+from pipeline_opt.integrations.ultralytics import attach
+from pipeline_opt.integrations.ultralytics._augment import (
+    LAYOUT_STAGE,
+    MOSAIC_STAGE,
+    GpuAugmentedPreprocess,
+    active_cpu_stages,
+    iter_transforms,
+)
 from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.tune.measure import Measurement

@@ -17,30 +17,25 @@ DetectionModel and its loss step as the trainer would; :func:`profile_yolo` / :f
 run ``po.profile`` / ``po.autotune`` on it (:func:`tune_yolo` first measures the GPU augmentation
 against the CPU stages, :func:`decide_yolo_augment`). ``pipeline-opt yolo`` is :func:`cli_main`.
 
+Public: the names in ``__all__``. The underscore modules are internals; every touch of ultralytics'
+own internals is in ``_internals.py``, gated on the tested version range.
+
 ultralytics is imported only when a function needs it (the ``yolo`` extra).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import warnings
 from typing import Any
 
-from pipeline_opt.integrations.ultralytics._augment import (
-    DisabledStages,
-    GpuAugmentedPreprocess,
-    active_cpu_stages,
-    disable_cpu_augment,
-    restore_cpu_augment,
-)
+from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations.ultralytics._augment import WorkerOptions
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
 from pipeline_opt.integrations.ultralytics._cli import cli_main
-from pipeline_opt.integrations.ultralytics._decide import (
-    AugmentDecision,
-    AugmentSwitch,
-    decide_gpu_affine,
-    decide_gpu_augment,
-)
 from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._internals import TESTED_RANGE, support_problem
 from pipeline_opt.integrations.ultralytics._pipeline import (
     YoloPipeline,
     YoloTuneResult,
@@ -49,32 +44,41 @@ from pipeline_opt.integrations.ultralytics._pipeline import (
     profile_yolo,
     tune_yolo,
 )
-from pipeline_opt.integrations.ultralytics._step import TrainerStep, YoloStep
 
 __all__ = [
+    "TESTED_RANGE",
     "AttachOptions",
-    "AugmentDecision",
-    "AugmentSwitch",
-    "DisabledStages",
-    "GpuAugmentedPreprocess",
-    "TrainerStep",
+    "WorkerOptions",
     "YoloIntegration",
     "YoloPipeline",
-    "YoloStep",
     "YoloTuneResult",
-    "active_cpu_stages",
     "attach",
     "build_yolo_pipeline",
     "cli_main",
-    "decide_gpu_affine",
-    "decide_gpu_augment",
     "decide_yolo_augment",
-    "disable_cpu_augment",
     "prepare_offline_env",
     "profile_yolo",
-    "restore_cpu_augment",
     "tune_yolo",
 ]
+
+log = get_logger("integrations.ultralytics")
+
+# Names this module exported before its internals became private: still importable, with a warning.
+_PRIVATE = {
+    "AugmentDecision": "_decide", "AugmentSwitch": "_decide", "decide_gpu_affine": "_decide",
+    "decide_gpu_augment": "_decide", "DisabledStages": "_augment", "GpuAugmentedPreprocess": "_augment",
+    "active_cpu_stages": "_augment", "disable_cpu_augment": "_augment", "restore_cpu_augment": "_augment",
+    "TrainerStep": "_step", "YoloStep": "_step",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PRIVATE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"pipeline_opt.integrations.ultralytics.{name} is internal and will be removed from this "
+                  f"module; use attach() or the trainer-free functions", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def attach(
@@ -95,6 +99,7 @@ def attach(
     augment_kwargs: dict[str, Any] | None = None,
     trace_steps: int = 10,
     shared_slots: bool | str = False,
+    worker_options: WorkerOptions | None = None,
 ) -> YoloIntegration:
     """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
 
@@ -116,10 +121,9 @@ def attach(
         gpu_affine: RandomPerspective's warp on the device too (the workers then only crop the
             Mosaic canvas). ``True``: once the colour/flip is kept, colour/flip alone and colour/flip
             + warp are measured the same way and the warp moves only if it wins; ``"force"`` (or
-            ``gpu_augment="force"``): with the GPU augmentation, unmeasured. On the H200 YOLO11n
-            pipeline it read 1.18x the colour/flip alone at 8 cores (the workers were the
-            bottleneck) and 0.90-1.06x at 16; off by default (the extra decision takes as
-            long as the colour one, ~45 s in ``bench_yolo``).
+            ``gpu_augment="force"``): with the GPU augmentation, unmeasured. It pays where the
+            workers are the bottleneck (few cores); off by default, since its decision takes as
+            long as the colour one.
         output_dir: where to save (default ``<trainer.save_dir>/pipeline_opt``).
         tune_budget_s: tuning time budget in seconds.
         steps, warmup: the profile window; trace_steps: training steps torch.profiler records after
@@ -135,15 +139,21 @@ def attach(
             :class:`~pipeline_opt.transforms.DeviceLoader` over the tuned ``InfiniteDataLoader``
             that hands the trainer its batches on the device, with the same samples in the same
             order. ``True``: a tuning candidate on CUDA, kept only if it wins; ``"force"``: used
-            whatever the tuner chose (with workers; also without ``tune``). ``False``: never. On the
-            H200 the best YOLO11n configuration measured used them (8 workers + GPU HSV/flip +
-            shared slots), but in the tuner they tie within its 3% minimum gain.
+            whatever the tuner chose (with workers; also without ``tune``). ``False``: never.
         tune_kwargs: further arguments for :func:`pipeline_opt.autotune` (``max_workers``,
             ``min_gain``, ``seed``, ``profiler``, ...; ``shared_slots=True`` there is
             ``shared_slots=True`` here).
-        augment_kwargs: further arguments for :func:`decide_gpu_augment` (``rounds``, ``windows``,
-            ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``); the warp's
-            decision takes the same.
+        augment_kwargs: further arguments for the GPU augmentation's measured decision (``rounds``,
+            ``windows``, ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``); the
+            warp's decision takes the same.
+        worker_options: which copies the workers stop making (:class:`WorkerOptions`: the
+            channel-last hand-over and the Mosaic window with the GPU augmentation, the batch images
+            stacked in shared memory always); default all, each bit for bit the same samples.
+
+    Versions: the integration patches a few ultralytics internals (one module,
+    ``_internals.py``) and is tested on ``ultralytics>=8.3,<8.5`` (:data:`TESTED_RANGE`). On any
+    other version, or one lacking a patched attribute, ``attach`` warns with the version and only
+    profiles: no tuning, no GPU augmentation, no shared slots, the workers untouched.
 
     Multi-GPU: with ultralytics' own DDP launch (``device="0,1"``) the callbacks travel to every
     rank (ultralytics pickles them with cloudpickle, part of the ``yolo`` extra); each rank measures
@@ -157,12 +167,19 @@ def attach(
     """
     if not callable(getattr(model, "add_callback", None)):
         raise TypeError(f"attach() needs an ultralytics YOLO model (with add_callback), got {type(model).__name__}")
+    problem = support_problem()
+    if problem is not None:
+        warnings.warn(f"pipeline_opt.attach: {problem}; profiling only", RuntimeWarning, stacklevel=2)
+        log.warning("pipeline_opt.attach: %s; profiling only", problem)
+        tune, gpu_augment, gpu_affine, shared_slots, retune_epoch = False, False, False, False, None
+        worker_options = WorkerOptions(channel_last=False, mosaic_window=False, shm_images=False)
     options = AttachOptions(profile=profile, tune=tune, gpu_augment=gpu_augment,
                             output_dir=None if output_dir is None else os.fspath(output_dir),
                             tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
                             gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
                             tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs, trace_steps=trace_steps,
-                            shared_slots=shared_slots)
+                            shared_slots=shared_slots,
+                            worker_options=WorkerOptions() if worker_options is None else worker_options)
     integration = YoloIntegration(options)
     for event, fn in integration.callbacks().items():
         model.add_callback(event, fn)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.integrations.ultralytics._internals import patch, patched_with, unpatch
 from pipeline_opt.integrations.ultralytics._mosaic import (
     AFFINE_GAINS,
     MOSAIC_STAGE,
@@ -61,14 +62,43 @@ class DisabledStages:
         return {"stages": [{"name": n, "before": dict(b)} for n, b in self.stages]}
 
 
-def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages:
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What the workers stop doing once the GPU augmentation is on (each keeps the samples bit for bit).
+
+    Attributes:
+        channel_last: ``Format`` hands each image over height x width x BGR and the device makes the
+            batch channel-first RGB (:class:`DeviceLayoutFormat`), instead of one strided copy per
+            image in the worker.
+        mosaic_window: with the warp on the device, Mosaic builds only the window of its canvas
+            that the silenced warp keeps (:mod:`~pipeline_opt.integrations.ultralytics._mosaic`).
+        shm_images: the workers stack each batch's images straight into shared memory
+            (:class:`~pipeline_opt.integrations.ultralytics._collate.SharedImageCollate`) instead
+            of ordinary memory that the DataLoader copies once more to send (any attached run).
+    """
+
+    channel_last: bool = True
+    mosaic_window: bool = True
+    shm_images: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("channel_last", "mosaic_window", "shm_images"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"WorkerOptions.{name}={getattr(self, name)!r} must be True or False")
+
+
+def disable_cpu_augment(dataset: Any, *, affine: bool = False,
+                        options: WorkerOptions | None = None) -> DisabledStages:
     """Silence the CPU stages that :class:`GpuAugmentedPreprocess` replaces, in ``dataset.transforms``.
+
+    ``options`` (default :class:`WorkerOptions`) says which of the workers' copies go too.
 
     Idempotent: stages already silenced are not listed again. Raises ``TypeError`` when the dataset
     has no ultralytics transform pipeline (a validation set, or not an ultralytics dataset).
     """
     from ultralytics.data.augment import Format, RandomFlip, RandomHSV, RandomPerspective
 
+    options = WorkerOptions() if options is None else options
     root = getattr(dataset, "transforms", None)
     if root is None:
         raise TypeError(
@@ -93,9 +123,9 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
-        elif isinstance(t, Format) and DEVICE_LAYOUT and _install_device_layout(t):
+        elif isinstance(t, Format) and options.channel_last and _install_device_layout(t):
             stages.append((LAYOUT_STAGE, {}))
-    if affine:
+    if affine and options.mosaic_window:
         stages.extend((MOSAIC_STAGE, {}) for _ in range(install_mosaic_windows(root)))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
@@ -129,8 +159,8 @@ def _crop_instead_of_warp(transform: Any) -> None:
     (:class:`~pipeline_opt.integrations.ultralytics._mosaic.WindowParams`). Versions whose
     ``RandomPerspective`` has no ``apply_image`` / ``get_params`` keep their warp."""
     if callable(getattr(type(transform), "apply_image", None)) and callable(getattr(type(transform), "get_params", None)):
-        transform.apply_image = TranslationAsCrop(transform)
-        transform.get_params = WindowParams(transform)
+        patch(transform, "apply_image", TranslationAsCrop(transform))
+        patch(transform, "get_params", WindowParams(transform))
 
 
 def integer_translation(M: Any) -> tuple[int, int] | None:
@@ -208,20 +238,19 @@ def _shift_in_window(shift: tuple[int, int] | None, window: tuple[int, int], img
     raise RuntimeError(
         f"pipeline_opt built a Mosaic window at {tuple(window)} of shape "
         f"{None if img is None else img.shape} that the warp cannot crop (shift {shift}, size {tuple(size)}); "
-        "set pipeline_opt.integrations.ultralytics._mosaic.MOSAIC_WINDOW = False and report this"
+        "pass attach(..., worker_options=WorkerOptions(mosaic_window=False)) and report this"
     )
 
 
 LAYOUT_STAGE = "Format(channel-first RGB)"
-DEVICE_LAYOUT = True  # False: the workers keep Format's channel-first RGB copy (benchmarks compare both)
 
 
 def _install_device_layout(transform: Any) -> bool:
     """Give ``Format`` a :class:`DeviceLayoutFormat` (True), unless it has one or no ``_format_img``."""
     if not callable(getattr(type(transform), "_format_img", None)) or \
-            isinstance(transform.__dict__.get("_format_img"), DeviceLayoutFormat):
+            patched_with(transform, "_format_img", DeviceLayoutFormat):
         return False
-    transform._format_img = DeviceLayoutFormat(transform)
+    patch(transform, "_format_img", DeviceLayoutFormat(transform))
     return True
 
 
@@ -303,9 +332,9 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             name = f"RandomFlip({t.direction})"
         elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in AFFINE_GAINS):
             name = "RandomPerspective"
-        elif isinstance(t, Format) and isinstance(t.__dict__.get("_format_img"), DeviceLayoutFormat):
+        elif isinstance(t, Format) and patched_with(t, "_format_img", DeviceLayoutFormat):
             name = LAYOUT_STAGE
-        elif isinstance(t, Mosaic) and isinstance(t.__dict__.get("apply_image"), MosaicWindow):
+        elif isinstance(t, Mosaic) and patched_with(t, "apply_image", MosaicWindow):
             name = MOSAIC_STAGE
         else:
             continue
@@ -316,10 +345,10 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
         for key, value in before.items():
             setattr(t, key, value)
         if name == "RandomPerspective":
-            t.__dict__.pop("apply_image", None)  # the class's warp again
-            t.__dict__.pop("get_params", None)
+            unpatch(t, "apply_image")  # the class's warp again
+            unpatch(t, "get_params")
         elif name == LAYOUT_STAGE:
-            t.__dict__.pop("_format_img", None)  # the class's channel-first RGB copy again
+            unpatch(t, "_format_img")  # the class's channel-first RGB copy again
         elif name == MOSAIC_STAGE:
             remove_mosaic_window(t)  # the class's full canvas again
         restored.append(name)

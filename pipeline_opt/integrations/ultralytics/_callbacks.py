@@ -35,6 +35,7 @@ import torch
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._augment import (
     GpuAugmentedPreprocess,
+    WorkerOptions,
     active_cpu_stages,
     build_gpu_augment,
 )
@@ -58,6 +59,7 @@ from pipeline_opt.integrations.ultralytics._decide import (
     decide_gpu_affine,
     decide_gpu_augment,
 )
+from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
 from pipeline_opt.integrations.ultralytics._step import TrainerStep
 from pipeline_opt.integrations.ultralytics._tune import (
     config_changed,
@@ -103,6 +105,7 @@ class AttachOptions:
     sync: bool = True
     tune_kwargs: dict[str, Any] | None = None  # extra keyword arguments for pipeline_opt.autotune
     augment_kwargs: dict[str, Any] | None = None  # extra keyword arguments for decide_gpu_augment
+    worker_options: WorkerOptions = WorkerOptions()  # what the workers stop doing with the GPU augmentation
 
     def __post_init__(self) -> None:
         check_gpu_augment(self.gpu_augment)
@@ -130,6 +133,8 @@ class AttachOptions:
         if self.augment_kwargs is not None and not isinstance(self.augment_kwargs, dict):
             raise TypeError(f"augment_kwargs must be a dict of decide_gpu_augment arguments, got "
                             f"{type(self.augment_kwargs).__name__}")
+        if not isinstance(self.worker_options, WorkerOptions):
+            raise TypeError(f"worker_options must be a WorkerOptions, got {type(self.worker_options).__name__}")
         if self.retune_epoch is not None and not self.tune:
             raise ValueError(f"retune_epoch={self.retune_epoch} needs tune=True")
 
@@ -220,7 +225,7 @@ class YoloIntegration:
             return
         opts = self.options
         bench = perf_bench_enabled()
-        if install_shared_image_collate(trainer.train_loader):
+        if opts.worker_options.shm_images and install_shared_image_collate(trainer.train_loader):
             log.info("pipeline_opt: the workers stack each batch's images into shared memory")
         if opts.gpu_augment:
             self._setup_gpu_augment(run)
@@ -242,13 +247,13 @@ class YoloIntegration:
         augment = build_gpu_augment(t.args, affine=bool(opts.gpu_affine), device=t.device)
         run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
         run.switch = candidate_switch(t.train_loader.dataset, _TrainerInstall(t, run.augment), augment,
-                                      opts.gpu_augment, opts.gpu_affine)
+                                      opts.gpu_augment, opts.gpu_affine, opts.worker_options)
         log.info("GPU augmentation on %s: %r", t.device, augment)
         # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
         for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):
             original = getattr(t, name, None)
             if callable(original):
-                setattr(t, name, _AfterRebuild(original, self, run, rebuilt_loader=name == "_build_train_pipeline"))
+                patch(t, name, _AfterRebuild(original, self, run, rebuilt_loader=name == "_build_train_pipeline"))
 
     def _decide_augment(self, run: _Run) -> None:
         """Measure the GPU augmentation against the CPU stages on trainer steps; keep the faster."""
@@ -290,7 +295,8 @@ class YoloIntegration:
             return
         log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
                     t.batch_size)
-        install_shared_image_collate(t.train_loader)
+        if self.options.worker_options.shm_images:
+            install_shared_image_collate(t.train_loader)
         if run.loader_setting is not None and config_changed(t.train_loader, run.loader_setting):
             self._install_loader(run, rebuild_loader(t.train_loader, run.loader_setting, t.device))
         if run.profiler is not None and run.report is None:
@@ -543,11 +549,11 @@ class _TrainerInstall:
     def __call__(self, on: bool) -> None:
         t = self.trainer
         if on:
-            t.preprocess_batch = self.wrapper
+            patch(t, "preprocess_batch", self.wrapper)
         elif self.own:
-            t.preprocess_batch = self.wrapper.preprocess
+            patch(t, "preprocess_batch", self.wrapper.preprocess)
         else:
-            vars(t).pop("preprocess_batch", None)  # the class's method again, exactly as before
+            unpatch(t, "preprocess_batch")  # the class's method again, exactly as before
 
 
 class _AfterRebuild:

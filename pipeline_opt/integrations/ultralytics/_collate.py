@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
+
 _MAX_DEPTH = 8
-SHARED_IMAGE_COLLATE = True  # False: install_shared_image_collate leaves loaders as they are (benchmarks compare)
 
 
 def find_collate(collate_fn: Any, cls: type) -> Any:
@@ -41,8 +42,7 @@ def is_ultralytics_collate(fn: Any) -> bool:
         if not getattr(type(fn), "same_batches_as_collate_fn", False):
             break
         fn = fn.collate_fn
-    return getattr(fn, "__qualname__", "").endswith("Dataset.collate_fn") \
-        and str(getattr(fn, "__module__", "")).startswith("ultralytics.")
+    return is_ultralytics_collate_fn(fn)
 
 
 def stackable_images(samples: list) -> list[torch.Tensor] | None:
@@ -96,9 +96,9 @@ def install_shared_image_collate(loader: Any) -> bool:
     """Give ``loader`` (a DataLoader with ultralytics' collate function, workers not started yet) a
     :class:`SharedImageCollate`; True when installed now. A loader whose workers already run (its
     ``iterator`` is set), one with another collate function, or one that has it already, is left as
-    it is, and so is every loader with ``SHARED_IMAGE_COLLATE`` off."""
+    it is."""
     collate = getattr(loader, "collate_fn", None)
-    if not SHARED_IMAGE_COLLATE or isinstance(collate, SharedImageCollate) or not is_ultralytics_collate(collate):
+    if isinstance(collate, SharedImageCollate) or not is_ultralytics_collate(collate):
         return False
     if getattr(loader, "iterator", None) is not None or getattr(loader, "_iterator", None) is not None:
         return False

@@ -31,6 +31,7 @@ from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard
 from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
+    WorkerOptions,
     disable_cpu_augment,
     restore_cpu_augment,
 )
@@ -67,13 +68,14 @@ class AugmentSwitch:
     """
 
     def __init__(self, dataset: Any, install: Callable[[bool], None], *, affine: bool = False,
-                 augment: Any = None) -> None:
+                 augment: Any = None, options: WorkerOptions | None = None) -> None:
         if not callable(install):
             raise TypeError("install must be a callable taking True / False")
         self.dataset = dataset
         self.install = install
         self.augment = augment
         self.affine = affine
+        self.options = WorkerOptions() if options is None else options
         if augment is not None and hasattr(augment, "warp_enabled"):
             augment.warp_enabled = affine
         self.disabled = DisabledStages(())
@@ -84,7 +86,7 @@ class AugmentSwitch:
     def set(self, on: bool) -> None:
         """Silence the CPU stages and install the hook (``on``), or restore them and remove it."""
         if on:
-            more = disable_cpu_augment(self.dataset, affine=self.affine)
+            more = disable_cpu_augment(self.dataset, affine=self.affine, options=self.options)
             self.disabled = DisabledStages(self.disabled.stages + more.stages)
         elif self.disabled.stages:
             restore_cpu_augment(self.dataset, self.disabled)
@@ -100,7 +102,7 @@ class AugmentSwitch:
         if self.augment is None or not hasattr(self.augment, "warp_enabled"):
             raise TypeError("set_affine needs AugmentSwitch(..., augment=<DetectionGPUAugment>) to turn its warp on/off")
         if on and self.active:
-            more = disable_cpu_augment(self.dataset, affine=True)
+            more = disable_cpu_augment(self.dataset, affine=True, options=self.options)
             self.disabled = DisabledStages(self.disabled.stages + more.stages)
         elif not on:
             warp = tuple(s for s in self.disabled.stages if s[0] in _WARP_STAGES)
@@ -114,7 +116,7 @@ class AugmentSwitch:
         """After the trainer rebuilt the transforms from its args: silence them again if active."""
         if not self.active:
             return DisabledStages(())
-        more = disable_cpu_augment(self.dataset, affine=self.affine)
+        more = disable_cpu_augment(self.dataset, affine=self.affine, options=self.options)
         self.disabled = DisabledStages(self.disabled.stages + more.stages)
         return more
 
@@ -181,7 +183,7 @@ class AugmentDecision:
 
 
 def candidate_switch(dataset: Any, install: Callable[[bool], None], augment: Any, gpu_augment: bool | str,
-                     gpu_affine: bool | str) -> AugmentSwitch:
+                     gpu_affine: bool | str, options: WorkerOptions | None = None) -> AugmentSwitch:
     """The switch of a freshly built GPU augmentation, turned on.
 
     The colour/flip is on: a candidate until :func:`decide_gpu_augment` measured it, or for good
@@ -190,7 +192,7 @@ def candidate_switch(dataset: Any, install: Callable[[bool], None], augment: Any
     :func:`decide_gpu_affine` measured it. Forced parts get a forced decision recorded.
     """
     warp_now = bool(gpu_affine) and FORCE in (gpu_augment, gpu_affine)
-    switch = AugmentSwitch(dataset, install, affine=warp_now, augment=augment)
+    switch = AugmentSwitch(dataset, install, affine=warp_now, augment=augment, options=options)
     switch.set(True)
     if gpu_augment == FORCE:
         switch.decision = AugmentDecision.forced_on()

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline_opt.integrations.ultralytics._internals import patch, patched_with, unpatch
 from pipeline_opt.integrations.ultralytics._walk import transform_lists, unwrap
 
 MOSAIC_STAGE = "Mosaic(full canvas)"
-MOSAIC_WINDOW = True  # False: Mosaic builds its whole canvas (benchmarks compare both)
 WINDOW_KEY = "pipeline_opt_mosaic_window"  # labels key from Mosaic to the warp: (x0, y0, canvas h, canvas w)
 _FILL = 114  # ultralytics' Mosaic canvas fill
 AFFINE_GAINS = ("degrees", "translate", "scale", "shear", "perspective")  # RandomPerspective's warp gains
@@ -127,30 +127,28 @@ class MosaicWindow:
 
 def install_mosaic_windows(root: Any) -> int:
     """Give every 4-image Mosaic that feeds the silenced warp a :class:`MosaicWindow`; returns how many
-    were installed now (0 with ``MOSAIC_WINDOW`` off, or when each already has one)."""
+    were installed now (0 when each already has one)."""
     from ultralytics.data.augment import CopyPaste, Mosaic, RandomPerspective
 
-    if not MOSAIC_WINDOW:
-        return 0
     installed = 0
     for transforms in transform_lists(root):
         items = [unwrap(t) for t in transforms]
         for i, mosaic in enumerate(items):
-            if type(mosaic) is not Mosaic or isinstance(mosaic.__dict__.get("apply_image"), MosaicWindow):
+            if type(mosaic) is not Mosaic or patched_with(mosaic, "apply_image", MosaicWindow):
                 continue
             j = i + 1
             while j < len(items) and type(items[j]) is CopyPaste:
                 j += 1
             if j == len(items) or not isinstance(items[j], RandomPerspective) or not _is_window_crop(items[j]):
                 continue
-            mosaic.apply_image = MosaicWindow(mosaic, items[j], tuple(items[i + 1:j]))
+            patch(mosaic, "apply_image", MosaicWindow(mosaic, items[j], tuple(items[i + 1:j])))
             installed += 1
     return installed
 
 
 def remove_mosaic_window(mosaic: Any) -> bool:
     """Give ``mosaic`` its class's full canvas again; True when it had a window."""
-    if not isinstance(mosaic.__dict__.get("apply_image"), MosaicWindow):
+    if not patched_with(mosaic, "apply_image", MosaicWindow):
         return False
-    del mosaic.apply_image
+    unpatch(mosaic, "apply_image")
     return True
