@@ -2,7 +2,7 @@
 
 (a) the generator on a tiny synthetic results folder: tables, ratios, "-" for keys an older JSON
 lacks, date order, links and the headline; (b) the committed benchmarks/RESULTS.md is what the
-generator writes now (``--check``).
+generator writes now (``--check``), and the README holds the headline table it computes.
 """
 
 from __future__ import annotations
@@ -121,3 +121,10 @@ def test_check_passes_when_current_and_fails_after_a_change(tmp_path, capsys):
 def test_committed_results_md_is_current():
     assert S.main(["--check"]) == 0, "benchmarks/RESULTS.md is stale: run python -m benchmarks.summarize"
 
+
+def test_readme_headline_table_is_the_generated_one():
+    table = S.headline_table(S.headline(S.load_runs()), S.README_LINK_PREFIX)
+    readme = (REPO / "README.md").read_text()
+    missing = [line for line in table.splitlines() if line not in readme.splitlines()]
+    assert not missing, "README.md's headline table differs from python -m benchmarks.summarize --headline:\n" \
+        + "\n".join(missing)
