@@ -874,25 +874,56 @@ def markdown_summary(results: Sequence[dict[str, Any]]) -> str:
     for res in results:
         env = res.get("env", {})
         gpu = env.get("hardware", {}).get("gpu", {}).get("name", "no GPU")
-        out.append(f"### {res['benchmark']}  \n{gpu}, {env.get('hardware', {}).get('usable_cores')} cores, "
+        out.append(f"### {res.get('benchmark', '-')}  \n{gpu}, {env.get('hardware', {}).get('usable_cores')} cores, "
                    f"commit `{str(res.get('commit', ''))[:10]}`, {res.get('date', '')}\n")
-        out.append("| row | img/s (median) | min..max | spread | n |")
-        out.append("|---|---:|---:|---:|---:|")
-        for r in res.get("rows", []):
-            s = r["stats"]
-            out.append(f"| {r['name'].strip()} | {s['median']:.1f} | {s['min']:.0f}..{s['max']:.0f} | "
-                       f"{100 * r['spread']:.0f}% | {s['n']} |")
-        for r in res.get("not_measured", []):
-            out.append(f"| {r['name'].strip()} | {r['status']}: {r.get('reason', '')[:120]} | | | |")
-        targets = _targets(res.get("summary", {}))
-        if targets:
-            out.append("\n" + "\n".join(f"- {k}: **{'met' if v else 'missed' if v is False else 'not measured'}**"
-                                        for k, v in targets.items()))
-        caveats = _caveats(res.get("summary", {}))
-        if caveats:
-            out.append("\n".join(f"- {where}caveat: {text}" for where, text in caveats))
+        out += markdown_table(res)
+        notes = markdown_notes(res.get("summary", {}))
+        if notes:
+            out.append("\n" + "\n".join(notes))
         out.append("")
     return "\n".join(out)
+
+
+def markdown_table(res: dict[str, Any], extra: tuple[str, Callable[[dict[str, Any]], str]] | None = None
+                   ) -> list[str]:
+    """The lines of one result's Markdown table: row, median img/s, min..max, spread, n, and optionally
+    one more column ``extra = (header, cell(row) -> str)``. Measured rows come first, then the rows not
+    measured with their status and reason; a key that an older JSON lacks shows as ``-``."""
+    head, rule = "| row | img/s (median) | min..max | spread | n |", "|---|---:|---:|---:|---:|"
+    if extra is not None:
+        head, rule = head + f" {extra[0]} |", rule + "---:|"
+    lines = [head, rule]
+    for r in res.get("rows", []):
+        s = r.get("stats") or {}
+        spread = r.get("spread", s.get("spread"))
+        line = (f"| {_cell(r.get('name', '-'))} | {num_cell(s.get('median', r.get('throughput')), '.1f')} | "
+                f"{num_cell(s.get('min'), '.0f')}..{num_cell(s.get('max'), '.0f')} | "
+                f"{'-' if spread is None else f'{100 * spread:.0f}%'} | {num_cell(s.get('n'), 'd')} |")
+        lines.append(line + (f" {extra[1](r)} |" if extra is not None else ""))
+    blanks = " |" * (4 + (extra is not None))
+    for r in res.get("not_measured", []):
+        lines.append(f"| {_cell(r.get('name', '-'))} | {r.get('status', '-')}: {_cell(str(r.get('reason', ''))[:120])} |"
+                     + blanks[2:])
+    return lines
+
+
+def markdown_notes(summary: dict[str, Any]) -> list[str]:
+    """List items for the targets (met / missed / not measured) and caveats in a result's ``summary``."""
+    targets = [f"- {k}: **{'met' if v else 'missed' if v is False else 'not measured'}**"
+               for k, v in _targets(summary).items()]
+    return targets + [f"- {where}caveat: {text}" for where, text in _caveats(summary)]
+
+
+def num_cell(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``-`` when it is missing or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return format(int(value) if spec == "d" else value, spec)
+
+
+def _cell(text: Any) -> str:
+    """Text for one Markdown table cell (stripped, pipes escaped, one line)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _caveats(summary: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
