@@ -208,3 +208,20 @@ class ModelStateGuard:
             torch.cuda.set_rng_state_all(self._rng_cuda)
         np.random.set_state(self._rng_numpy)
         random.setstate(self._rng_random)
+
+
+def image_key(batch: Any) -> Any:
+    """The key / index of the image tensor in ``batch`` (where :func:`extract_images` finds it)."""
+    if isinstance(batch, Mapping):
+        for key in _IMAGE_KEYS:
+            if isinstance(batch.get(key), torch.Tensor):
+                return key
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                return key
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        for i, value in enumerate(batch):
+            if isinstance(value, torch.Tensor):
+                return i
+    extract_images(batch)  # raises the TypeError that names what was found
+    raise TypeError(f"no image tensor in a batch of type {type(batch).__name__}")  # pragma: no cover

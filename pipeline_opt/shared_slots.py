@@ -51,6 +51,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt._step import image_key
 from pipeline_opt.integrations.ultralytics._collate import (
     collate_around,
     find_collate,
@@ -214,10 +215,8 @@ def _alive(pid: int) -> bool:
 
 def _image_place(batch: Any) -> Any:
     """The key / index of the image tensor of a collated batch (``DeviceLoader``'s rule), or None."""
-    from pipeline_opt.transforms.device_loader import _image_slot
-
     try:
-        return _image_slot(batch)
+        return image_key(batch)
     except TypeError:
         return None
 

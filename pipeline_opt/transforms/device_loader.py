@@ -28,13 +28,13 @@ is ever overwritten; on the CPU the batch is copied out of the slot first.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import _IMAGE_KEYS, extract_images, move_to_device
+from pipeline_opt._step import image_key, move_to_device
 
 __all__ = ["DeviceLoader", "apply_to_images"]
 
@@ -43,28 +43,11 @@ log = get_logger("transforms.device_loader")
 _END = object()
 
 
-def _image_slot(batch: Any) -> Any:
-    """The key / index of the image tensor in ``batch`` (``extract_images`` semantics)."""
-    if isinstance(batch, Mapping):
-        for key in _IMAGE_KEYS:
-            if isinstance(batch.get(key), torch.Tensor):
-                return key
-        for key, value in batch.items():
-            if isinstance(value, torch.Tensor) and value.dim() >= 2:
-                return key
-    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        for i, value in enumerate(batch):
-            if isinstance(value, torch.Tensor):
-                return i
-    extract_images(batch)  # raises the TypeError that names what was found
-    raise TypeError(f"no image tensor in a batch of type {type(batch).__name__}")  # pragma: no cover
-
-
 def apply_to_images(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """A batch like ``batch`` with its image tensor replaced by ``fn(image)``; ``batch`` is not modified."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    slot = _image_slot(batch)
+    slot = image_key(batch)
     if isinstance(batch, Mapping):
         items = {k: (fn(v) if k == slot else v) for k, v in batch.items()}
         return items if type(batch) is dict else type(batch)(items)

@@ -80,3 +80,19 @@ def test_former_internal_exports_still_import_with_a_deprecation_warning():
     assert fn is disable_cpu_augment
     with pytest.raises(AttributeError):
         po_yolo.no_such_name  # noqa: B018
+
+
+def test_the_public_names_load_lazily_and_match_all():
+    import importlib
+    import subprocess
+    import sys
+
+    assert sorted(po_yolo.__all__) == sorted(po_yolo._PUBLIC)
+    for name in po_yolo.__all__:
+        assert getattr(po_yolo, name) is getattr(importlib.import_module(f"{po_yolo.__name__}.{po_yolo._PUBLIC[name]}"),
+                                                  name)
+    # importing the package (as shared slots do for the collate helpers) loads none of the trainer code
+    code = ("import sys, pipeline_opt; "
+            "print(sorted(m for m in sys.modules if m.startswith('pipeline_opt.integrations.ultralytics.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "_callbacks" not in loaded and "_pipeline" not in loaded, loaded
