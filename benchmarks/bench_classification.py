@@ -117,10 +117,6 @@ class Trainer:
 # pipelines
 
 
-class MissingAPI(RuntimeError):
-    """The library API a row needs is not there (yet)."""
-
-
 def cpu_compose(crop: int) -> T.Compose:
     """The all-on-CPU pipeline of the default row."""
     return T.Compose([T.Resize((crop, crop)), T.ToTensor(), T.Normalize(MEAN, STD)])
@@ -138,12 +134,9 @@ def make_loader(dataset: Any, sizes: Sizes, workers: int, pin: bool, collate_fn:
 
 def draft_folder(root: Path, transform: Any, crop: int) -> Any:
     """An ImageFolder whose loader is the library's draft (JPEG DCT-scaling) decoder, as autotune uses it."""
-    factory = H.optional("pipeline_opt.transforms.decode", "draft_loader")
-    if not factory:
-        factory = H.optional("pipeline_opt.transforms.decode", "DraftLoader")
-    if not factory:
-        raise MissingAPI(factory.reason)
-    return torchvision.datasets.ImageFolder(root, transform=transform, loader=factory((crop, crop)))
+    from pipeline_opt.transforms.decode import draft_loader
+
+    return torchvision.datasets.ImageFolder(root, transform=transform, loader=draft_loader((crop, crop)))
 
 
 def nvjpeg_source(root: Path, sizes: Sizes, point: Point, device: torch.device) -> Any:
@@ -151,12 +144,10 @@ def nvjpeg_source(root: Path, sizes: Sizes, point: Point, device: torch.device) 
 
     On a CPU device the same decoder runs libjpeg through torchvision (the smoke test's path).
     """
-    api = H.optional("pipeline_opt.transforms.decode", "EncodedJpegDataset", "packed_jpeg_collate",
-                     "GpuJpegDecoder")
-    if not api:
-        raise MissingAPI(api.reason)
-    dataset_cls, collate, decoder_cls = api
     from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.transforms.decode import EncodedJpegDataset as dataset_cls
+    from pipeline_opt.transforms.decode import GpuJpegDecoder as decoder_cls
+    from pipeline_opt.transforms.decode import packed_jpeg_collate as collate
 
     dataset = dataset_cls.from_image_folder(root)
     loader = make_loader(dataset, sizes, point.workers, point.pin, collate_fn=collate)
@@ -301,12 +292,7 @@ def measure_point(root: Path, sizes: Sizes, point: Point, device: torch.device, 
                   window: dict[str, Any]) -> H.Row:
     """One coarse window of one grid point (fresh loader, closed afterwards)."""
     cand = candidate_of(point.name, lambda: build_source(root, sizes, point, device), trainer, asdict(point))
-    try:
-        cand.start()
-    except MissingAPI as exc:
-        return H.not_run(point.name, "missing", str(exc), asdict(point))
-    except NotImplementedError as exc:
-        return H.not_run(point.name, "missing", f"placeholder API: {exc}", asdict(point))
+    cand.start()
     measured = H.interleave([cand], 1, device, **window)
     return H.rows_of([cand], measured)[0]
 
@@ -314,17 +300,14 @@ def measure_point(root: Path, sizes: Sizes, point: Point, device: torch.device, 
 def run_autotune(root: Path, sizes: Sizes, point: Point, device: torch.device, trainer: Trainer,
                  deadline: H.Deadline) -> tuple[Any, dict[str, Any]]:
     """po.autotune on the default loader; returns (TuneResult or None, info)."""
-    autotune = H.optional("pipeline_opt", "autotune")
-    if not autotune:
-        return None, {"status": "missing", "reason": autotune.reason}
+    from pipeline_opt import autotune
+
     budget = min(sizes.autotune_budget_s, max(5.0, deadline.left() - sizes.final_reserve_s))
     loader = build_source(root, sizes, point, device)
     t0 = time.perf_counter()
     try:
         result = autotune(loader, trainer.model, step_fn=trainer.step_fn, device=device, time_budget_s=budget,
                           gpu_transforms=True)
-    except NotImplementedError as exc:
-        return None, {"status": "missing", "reason": f"placeholder API: {exc}"}
     except Exception as exc:
         H.log.exception("autotune failed")
         return None, {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}

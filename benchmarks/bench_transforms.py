@@ -64,10 +64,6 @@ QUICK = Sizes(cls_batch=4, crop=32, src_hw=(48, 64), det_batch=2, det_size=64, j
 OPS = ("normalize", "resize", "hsv", "flip", "affine")
 
 
-class MissingAPI(RuntimeError):
-    """The library API a row needs is not there (yet)."""
-
-
 # --------------------------------------------------------------------------------------------------
 # the GPU side (this project's transforms)
 

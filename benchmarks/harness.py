@@ -740,7 +740,7 @@ class Missing:
 def optional(module: str, *names: str) -> Any:
     """``getattr(import_module(module), name)`` for each name (a tuple if several), or :class:`Missing`.
 
-    Also treats a placeholder that raises NotImplementedError at import as missing.
+    For optional dependencies (ultralytics, a Pillow-SIMD build): a row whose import fails is reported, not fatal.
     """
     try:
         mod = importlib.import_module(module)
@@ -768,14 +768,6 @@ def trial_log(result: Any) -> list[str]:
         what = f"{t.throughput:,.1f}/s ±{t.spread:.0%}" if t.status == "ok" else t.status
         out.append(f"{label}: {what}, {'accepted' if t.accepted else 'not kept'} - {t.reason}")
     return out
-
-
-def not_implemented_guard(fn: Callable[[], Row], name: str) -> Row:
-    """Run a row function; a NotImplementedError (a placeholder API) becomes a ``missing`` row."""
-    try:
-        return fn()
-    except NotImplementedError as exc:
-        return not_run(name, "missing", f"placeholder API: {exc}")
 
 
 # --------------------------------------------------------------------------------------------------
