@@ -187,12 +187,11 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
     own_gpu = list(result.config.get("gpu_transforms") or [])
     agreed_gpu = list(config.get("gpu_transforms") or [])
     if config.get("shared_slots") and overrides.get("num_workers", base.num_workers) > 0:
-        from pipeline_opt.shared_slots import slot_loader
         from pipeline_opt.transforms import DeviceLoader
 
         transform = getattr(result.loader, "transform", None) if own_gpu == agreed_gpu else None
-        return DeviceLoader(slot_loader(base, **overrides), device=getattr(result.loader, "device", None),
-                            transform=transform, reuse_buffers=True)
+        return DeviceLoader.through_slots(base, getattr(result.loader, "device", None), transform=transform,
+                                          **overrides)
     new = clone_loader(base, **overrides)
     if own_gpu == agreed_gpu and not isinstance(result.loader, DataLoader) and hasattr(result.loader, "loader"):
         import copy

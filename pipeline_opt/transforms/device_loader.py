@@ -112,6 +112,17 @@ class DeviceLoader:
     worker processes, unless they are persistent) when the generator is closed or collected.
     """
 
+    @classmethod
+    def through_slots(cls, loader: torch.utils.data.DataLoader, device: torch.device | str | None = None, *,
+                      transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      **overrides: Any) -> DeviceLoader:
+        """The one way to build a loader delivering through shared slots: a clone of ``loader``
+        (``overrides`` applied, :func:`pipeline_opt.shared_slots.slot_loader`) iterated by a
+        ``DeviceLoader`` that reuses its page-locked buffers."""
+        from pipeline_opt.shared_slots import slot_loader
+
+        return cls(slot_loader(loader, **overrides), device=device, transform=transform, reuse_buffers=True)
+
     def __init__(self, loader: Iterable, device: torch.device | str | None = None,
                  transform: Callable[[torch.Tensor], torch.Tensor] | None = None, non_blocking: bool = True,
                  batch_transform: Callable[[Any], Any] | None = None, reuse_buffers: bool = False) -> None:

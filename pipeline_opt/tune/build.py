@@ -52,12 +52,10 @@ class CandidateBuilder:
         if gpu is not None or draft is not None:
             overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         if cfg.shared_slots:
-            from pipeline_opt.shared_slots import slot_loader
             from pipeline_opt.transforms import DeviceLoader
 
-            clone = slot_loader(self.loader, **overrides)
-            return DeviceLoader(clone, device=self.device, transform=None if gpu is None else gpu.gpu_transform,
-                                reuse_buffers=True)
+            return DeviceLoader.through_slots(self.loader, self.device,
+                                              transform=None if gpu is None else gpu.gpu_transform, **overrides)
         clone = clone_loader(self.loader, **overrides)
         if gpu is None:
             return clone

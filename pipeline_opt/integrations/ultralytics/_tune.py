@@ -104,10 +104,9 @@ def rebuild_loader(loader: Any, config: dict[str, Any], device: torch.device | s
         return clone_loader(base, **overrides)
     if device is None:
         raise ValueError("shared_slots=True needs the device the batches go to; pass device=")
-    from pipeline_opt.shared_slots import slot_loader
     from pipeline_opt.transforms import DeviceLoader
 
-    return DeviceLoader(slot_loader(base, **overrides), device=device, reuse_buffers=True)
+    return DeviceLoader.through_slots(base, device, **overrides)
 
 
 def config_changed(loader: Any, config: dict[str, Any]) -> bool:
