@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
 from pipeline_opt.transforms import gpu
 
@@ -301,11 +302,7 @@ class GpuJpegDecoder:
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         self.normalize = None if mean is None else gpu.Normalize(mean, std)
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} needs CUDA, which is not available; pass device='cpu'")
+        self.device = resolve_device(device)
 
     def decode(self, data: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Packed bytes -> ``(B, 3, h, w)`` float images on the device (normalised if configured)."""

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import image_key, move_to_device
 
@@ -70,21 +71,6 @@ def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
     elif isinstance(batch, (list, tuple)):
         for value in batch:
             _record_stream(value, stream)
-
-
-def _resolve(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a device; pass e.g. 'cuda', 'cuda:1', 'cpu' or None") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} was requested but CUDA is not available; pass device='cpu' or None")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 class DeviceLoader:
@@ -134,7 +120,7 @@ class DeviceLoader:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}={fn!r} must be a callable or None")
         self.loader = loader
-        self.device = _resolve(device)
+        self.device = resolve_device(device)
         self.transform = transform
         self.non_blocking = bool(non_blocking)
         self.batch_transform = batch_transform

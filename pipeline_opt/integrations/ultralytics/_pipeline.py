@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._augment import WorkerOptions, build_gpu_augment
 from pipeline_opt.integrations.ultralytics._collate import install_shared_image_collate
@@ -83,15 +84,6 @@ class YoloPipeline:
             close()
 
 
-def _device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(f"cuda:{device}" if isinstance(device, int) or str(device).isdigit() else device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but none is available; pass device='cpu'")
-    return dev
-
-
 def build_yolo_pipeline(
     data_yaml: str | os.PathLike,
     model_cfg: str = "yolo11n.yaml",
@@ -153,7 +145,7 @@ def build_yolo_pipeline(
     from ultralytics.utils import DEFAULT_CFG
     from ultralytics.utils.checks import check_imgsz
 
-    dev = _device(device)
+    dev = resolve_device(device)
     amp = amp or default_amp(dev)
     cfg = get_cfg(DEFAULT_CFG, {"data": str(data_yaml), "model": model_cfg, "imgsz": imgsz, "batch": batch,
                                 "workers": workers, **overrides})
