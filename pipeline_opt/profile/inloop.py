@@ -21,8 +21,12 @@ process; ``except Exception`` blocks do not catch it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from pipeline_opt.profile.install import (
 )
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler, validate_trace_steps
 from pipeline_opt.profile.report import ProfileReport
+from pipeline_opt.profile.validation import ValidationInterference, ValidationRecorder
 
 log = get_logger("profile.inloop")
 
@@ -95,6 +100,8 @@ class LoopProfiler:
         self._report: ProfileReport | None = None
         self._closed = False
         self._warned_device = False
+        self._epoch_batches = n_batches
+        self._validation = ValidationRecorder(warmup_steps=max(warmup, 1))
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -115,11 +122,13 @@ class LoopProfiler:
             if self._in_step:
                 self.step()
             prof.before_data()
+            waited = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
                 prof.abort_data()
                 return
+            self._validation.data_wait(time.perf_counter() - waited)
             prof.after_data(batch)
             prof.before_step()
             self._in_step = True
@@ -130,6 +139,7 @@ class LoopProfiler:
         if not self._in_step:
             return
         self._in_step = False
+        self._validation.step_end()
         if not self._explicit_device and not self._warned_device and torch.cuda.is_initialized():
             self._warned_device = True
             log.warning("CUDA is in use but profile_loop got neither model= nor device=: step times are host "
@@ -139,8 +149,30 @@ class LoopProfiler:
         if not was_done and self._profiler.done and perf_bench_enabled():
             self._bench_exit()
 
+    @contextlib.contextmanager
+    def validation(self) -> Iterator[None]:
+        """Mark a validation pass: ``with prof.validation(): validate(model)``.
+
+        The training steps after each pass are compared with the steady ones
+        (:meth:`validation_report`, and the ``validation`` section of :meth:`report`); the pass's
+        main-thread CPU hotspots are recorded with ``cProfile`` (a few percent slower while it runs).
+        """
+        if self._in_step:
+            self.step()  # the training step before the pass ends here
+        self._validation.validation_start()
+        try:
+            yield
+        finally:
+            self._validation.validation_end()
+
+    def validation_report(self) -> ValidationInterference | None:
+        """The steps after the validation passes against the steady steps (None before a pass has
+        training steps after it)."""
+        return self._validation.analyse(self._epoch_batches)
+
     def report(self) -> ProfileReport:
-        """The report of the measured window (ends the measurement if it is still running)."""
+        """The report of the measured window (ends the measurement if it is still running), with the
+        validation passes marked so far (:meth:`validation`)."""
         if self._report is None:
             main = self._profiler.result()
             if len(main.steps) < self._profiler.steps:
@@ -151,6 +183,9 @@ class LoopProfiler:
             self._report = build_report(main, records, loader_config=self.config, device=self.device,
                                         model=self.model, limit_throughput=None,
                                         dataset=self._loader)
+        validation = self.validation_report()
+        if validation is not None:
+            return dataclasses.replace(self._report, validation=validation)
         return self._report
 
     def close(self) -> None:

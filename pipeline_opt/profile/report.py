@@ -81,6 +81,7 @@ class ProfileReport:
     environment: dict[str, Any] = field(default_factory=dict)  # torch version, cpu count, gpu name ...
     sync_frac: float = 0.0  # share of the window in host-device syncs / collectives (self CPU time)
     traced_steps: int = 0  # measured steps torch.profiler recorded (op tables, GPU idle, sync come from them)
+    validation: Any = None  # ValidationInterference: the steps after validation passes (profile_loop, attach)
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +97,12 @@ class ProfileReport:
         """The human-readable summary (also written as summary.txt)."""
         from pipeline_opt.report.text import profile_table
 
-        return profile_table(self)
+        text = profile_table(self)
+        if self.validation is not None:
+            lines = [f"validation: {self.validation.summary}"]
+            lines += [f"  - {r}" for r in self.validation.recommendations]
+            text += "\n\n" + "\n".join(lines)
+        return text
 
     def trace(self) -> dict[str, Any]:
         """The merged Chrome/Perfetto trace (main process and every worker on one clock)."""

@@ -312,3 +312,28 @@ def test_cuda_training_through_shared_slots_and_gpu_augmentation(yolo_data, tmp_
     losses = trainer.tloss.values() if isinstance(trainer.tloss, dict) else [trainer.tloss]
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in losses)
     assert live_children() - before == set(), "worker processes left behind"
+
+
+def _validation_burn(validator):
+    import time
+
+    end, x = time.perf_counter() + 0.25, 0
+    while time.perf_counter() < end:
+        for i in range(1000):
+            x += i * i
+
+
+def test_the_steps_after_each_validation_pass_are_measured_and_its_hotspot_named(yolo_data, tmp_path, no_network,
+                                                                                  train_args):
+    model = YOLO("yolo11n.yaml")
+    integration = attach(model, profile=False, tune=False, gpu_augment=False, warmup=1)
+    model.add_callback("on_val_batch_end", _validation_burn)  # a CPU-heavy validation (NMS-like), on purpose
+    model.train(data=str(yolo_data), project=str(tmp_path), name="run",
+                **{**train_args, "epochs": 3, "batch": 2, "val": True})
+    run = integration.run
+    assert len(run.validation.passes) == 2 + 1 and len(run.validation.steps) == 3 * 8 - 1  # 3 passes, 24 steps
+    assert all(p.seconds >= 0.25 for p in run.validation.passes)
+    summary = json.loads((model.trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
+    found = summary["validation"]
+    assert "_validation_burn" in found["hotspot"] and found["steady_step_s"] > 0
+    assert len(found["after_step_s"]) == 5 and found["summary"].startswith("the ")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ from pipeline_opt.profile.install import (
     skip_steps,
 )
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler
+from pipeline_opt.profile.validation import ValidationRecorder
 
 log = get_logger("integrations.ultralytics")
 
@@ -157,7 +159,7 @@ def _sized(n: int) -> torch.Tensor:
 class _Run:
     """State of one trainer's run."""
 
-    def __init__(self, trainer: Any, output_dir: str | None, rank: int | None = None) -> None:
+    def __init__(self, trainer: Any, output_dir: str | None, rank: int | None = None, warmup: int = 5) -> None:
         self.trainer = trainer
         self.rank = rank  # the DDP rank, None without DDP
         self.root_dir = Path(output_dir) if output_dir else Path(trainer.save_dir) / OUTPUT_SUBDIR
@@ -177,6 +179,8 @@ class _Run:
         self.batch_sizes: list[int] = []
         self.position = 0
         self.report: Any = None
+        self.validation = ValidationRecorder(warmup_steps=warmup)  # each training step, each validation pass
+        self.batch_end: float | None = None
 
     @property
     def disabled(self) -> list[dict[str, Any]]:
@@ -192,7 +196,8 @@ class YoloIntegration:
     """The callbacks one :func:`attach` registers (one instance per attached model)."""
 
     EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_epoch_start",
-              "on_train_batch_start", "on_train_batch_end", "on_train_end", "teardown")
+              "on_train_batch_start", "on_train_batch_end", "on_val_start", "on_val_end", "on_train_end",
+              "teardown")
 
     def __init__(self, options: AttachOptions) -> None:
         self.options = options
@@ -207,7 +212,7 @@ class YoloIntegration:
 
     # -- setup ---------------------------------------------------------------------------------
     def on_pretrain_routine_start(self, trainer: Any) -> None:
-        self.run = run = _Run(trainer, self.options.output_dir, ddp_rank(trainer))
+        self.run = run = _Run(trainer, self.options.output_dir, ddp_rank(trainer), self.options.warmup)
         if self.options.workers is not None:
             log.info("workers: %s -> %d (attach(workers=...))", trainer.args.workers, self.options.workers)
             trainer.args.workers = self.options.workers
@@ -397,6 +402,8 @@ class YoloIntegration:
         run = self._run_for(trainer)
         if run is None:
             return
+        if run.validation.in_validation:  # a pass whose end never came (it raised): close it here
+            run.validation.validation_end()
         if run.profiler is not None and not run.profiling:
             self._close_profiling(run, restore_loader=True)  # the window is over: unprofiled loader back
         if self.options.retune_epoch is not None and trainer.epoch == self.options.retune_epoch \
@@ -417,7 +424,11 @@ class YoloIntegration:
 
     def on_train_batch_start(self, trainer: Any) -> None:
         run = self._run_for(trainer)
-        if run is None or not run.profiling:
+        if run is None:
+            return
+        if run.batch_end is not None:  # the loop's wait for this batch (and its bookkeeping)
+            run.validation.data_wait(time.perf_counter() - run.batch_end)
+        if not run.profiling:
             return
         sizes = run.batch_sizes
         n = sizes[run.position] if run.position < len(sizes) else (sizes[-1] if sizes else 1)
@@ -426,7 +437,11 @@ class YoloIntegration:
 
     def on_train_batch_end(self, trainer: Any) -> None:
         run = self._run_for(trainer)
-        if run is None or not run.profiling:
+        if run is None:
+            return
+        run.validation.step_end()
+        run.batch_end = time.perf_counter()
+        if not run.profiling:
             return
         prof = run.profiler
         if self.options.sync and prof.cuda:
@@ -460,6 +475,31 @@ class YoloIntegration:
             log.warning("%s=1: profiled %d steps; report saved to %s; exiting with status 0", PERF_BENCH_ENV,
                         len(run.report.steps), run.out_dir.resolve())
             sys.exit(0)
+
+    # -- validation ----------------------------------------------------------------------------
+    def on_val_start(self, validator: Any) -> None:
+        """The trainer's validation pass begins (the callbacks receive the validator)."""
+        run = self.run
+        # ultralytics calls on_val_end on rank 0 only (and without DDP): the other ranks mark nothing
+        if run is not None and getattr(validator, "training", True) and run.rank in (None, 0):
+            run.validation.validation_start()
+
+    def on_val_end(self, validator: Any) -> None:
+        run = self.run
+        if run is None or run.validation.validation_end() is None:
+            return
+        run.batch_end = time.perf_counter()
+        found = self._validation_analysis(run)
+        if found is not None:
+            log.info("pipeline_opt: validation: %s", found.summary)
+
+    def _validation_analysis(self, run: _Run) -> Any:
+        loader = getattr(run.trainer, "train_loader", None)
+        try:
+            per_epoch = len(loader) if loader is not None else None
+        except TypeError:
+            per_epoch = None
+        return run.validation.analyse(per_epoch)
 
     # -- end -----------------------------------------------------------------------------------
     def on_train_end(self, trainer: Any) -> None:
@@ -517,8 +557,16 @@ class YoloIntegration:
             "ddp": None if run.rank is None else {"rank": run.rank, "world_size": int(t.world_size),
                                                   "gpu_augment_votes": run.augment_votes,
                                                   "gpu_affine_votes": run.affine_votes},
+            "validation": self._validation_summary(run),
             "notes": run.notes,
         }
+
+    def _validation_summary(self, run: _Run) -> dict[str, Any]:
+        found = self._validation_analysis(run)
+        if found is not None:
+            return found.to_dict()
+        return {"passes": len(run.validation.passes), "summary": "no training steps after a validation pass yet"
+                if run.validation.passes else "no validation pass during training"}
 
     def _slots_summary(self, run: _Run) -> dict[str, Any]:
         loader = getattr(run.trainer, "train_loader", None)
