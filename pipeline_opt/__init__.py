@@ -10,11 +10,13 @@ from pipeline_opt import datasets, integrations, transforms
 from pipeline_opt._logging import enable_console_logging, get_logger
 from pipeline_opt._version import __version__
 from pipeline_opt.profile import (
+    BatchSizeAdvice,
     LoopProfiler,
     OpStat,
     ProfileReport,
     StepRecord,
     WorkerStats,
+    max_batch_size,
     profile,
     profile_loop,
 )
@@ -22,6 +24,7 @@ from pipeline_opt.transforms import DeviceLoader, split_transforms
 from pipeline_opt.tune import Trial, TuneResult, autotune
 
 __all__ = [
+    "BatchSizeAdvice",
     "DeviceLoader",
     "LoopProfiler",
     "OpStat",
@@ -36,6 +39,7 @@ __all__ = [
     "enable_console_logging",
     "get_logger",
     "integrations",
+    "max_batch_size",
     "profile",
     "profile_loop",
     "split_transforms",

@@ -1,0 +1,97 @@
+"""Memory per step and the measured batch-size advice (a fake allocator on CPU; CUDA behind the marker)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from pipeline_opt.profile.batch_size import max_batch_size, resize_batch
+from pipeline_opt.profile.memory import MemoryMeter, summarise
+
+MiB = 1 << 20
+
+
+class FakeMemory:
+    """An allocator whose step peak is ``fixed + per_sample * n``; past ``capacity`` the step runs out."""
+
+    def __init__(self, fixed=1000 * MiB, per_sample=10 * MiB, total=4000 * MiB, capacity=None):
+        self.fixed, self.per_sample, self.total_bytes = fixed, per_sample, total
+        self.capacity = total if capacity is None else capacity
+        self.peak = 0
+
+    def reset_peak(self):
+        self.peak = 0
+
+    def peaks(self):
+        return self.peak, self.peak
+
+    def total(self):
+        return self.total_bytes
+
+    def step(self, model, batch):
+        n = batch[0].shape[0]
+        need = self.fixed + self.per_sample * n
+        if need > self.capacity:
+            raise RuntimeError(f"CUDA out of memory. Tried to allocate {need} bytes")
+        self.peak = max(self.peak, need)
+        model(batch[0]).sum().backward()
+
+
+def _loader(batch=32):
+    data = TensorDataset(torch.randn(64, 8), torch.zeros(64, dtype=torch.long))
+    return DataLoader(data, batch_size=batch)
+
+
+def test_the_line_through_measured_peaks_predicts_and_one_real_step_verifies():
+    fake, model = FakeMemory(), torch.nn.Linear(8, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    advice = max_batch_size(_loader(), model, fake.step, backend=fake, margin=0.1, time_steps=2)
+    # 0.9 * 4000 MiB = 3600 MiB: (3600 - 1000) / 10 = 260 samples
+    assert advice.batch_sizes == (16, 32, 64) and advice.predicted == 260 and advice.verified == 260
+    assert advice.bytes_per_sample == pytest.approx(10 * MiB) and advice.fixed_bytes == pytest.approx(1000 * MiB)
+    assert set(advice.throughput) == {32, 260} and advice.gain is not None
+    assert "the largest batch is 260" in advice.summary()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # restored bitwise
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_prediction_that_runs_out_of_memory_rolls_back_to_a_smaller_verified_size():
+    fake = FakeMemory(capacity=3400 * MiB)  # the real limit sits below the line's (fragmentation, say)
+    advice = max_batch_size(_loader(), torch.nn.Linear(8, 2), fake.step, backend=fake, time_steps=0)
+    assert advice.predicted == 260 and advice.out_of_memory == (260,) and advice.verified == 234
+    assert advice.verified_peak_bytes == 1000 * MiB + 234 * 10 * MiB
+
+
+def test_cpu_says_not_measured_and_odd_batches_need_make_batch():
+    advice = max_batch_size(_loader(), torch.nn.Linear(8, 2))
+    assert not advice.measured and "not measured on cpu" in advice.summary()
+    assert resize_batch((torch.arange(4), torch.arange(4)), 6)[0].tolist() == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(TypeError, match="make_batch="):
+        resize_batch({"img": torch.zeros(4, 3), "bboxes": torch.zeros(7, 4)}, 8)
+    with pytest.raises(ValueError, match="margin=1.5"):
+        max_batch_size(_loader(), torch.nn.Linear(8, 2), margin=1.5)
+
+
+def test_per_step_peaks_name_spikes_headroom_and_fragmentation():
+    stats = summarise([100, 100, 100, 150, 100], [120, 120, 120, 300, 120], total=1000)
+    assert stats.measured and stats.steady_peak_bytes == 100 and stats.spikes == (3,)
+    assert stats.headroom_bytes == 700 and stats.fragmentation_bytes == 150
+    lines = stats.lines()
+    assert "memory spikes: 1 step(s)" in lines[1] and "fragmentation" in lines[2]
+    assert MemoryMeter("cpu").stats().lines() == ["memory: not measured on cpu (CUDA devices only)"]
+
+
+@pytest.mark.cuda
+def test_cuda_peaks_grow_with_the_batch_and_the_prediction_runs():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
+    data = TensorDataset(torch.randn(256, 1024), torch.zeros(256, dtype=torch.long))
+    advice = max_batch_size(DataLoader(data, batch_size=64), model, margin=0.5, time_steps=2)
+    assert advice.measured and advice.peak_reserved_bytes[0] <= advice.peak_reserved_bytes[-1]
+    assert advice.verified is not None and advice.verified_peak_bytes <= advice.device_total_bytes
+    meter = MemoryMeter("cuda")
+    meter.begin()
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    meter.end()
+    del x
+    assert meter.stats().max_peak_bytes >= 64 << 20
