@@ -213,18 +213,32 @@ def _compute_s(report: ProfileReport) -> float:
     return report.compute_time_s or max(report.step_time_s * (1.0 - report.data_wait_frac), 0.0)
 
 
-def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: float) -> Measurement | None:
-    """The baseline profile's steady-state steps as trial windows (one batch per worker at least), or None."""
+def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: float,
+                         warmup: int = PROFILE_WARMUP) -> Measurement | None:
+    """The baseline profile's steady-state steps as trial windows (one batch per worker at least), or None.
+
+    The profile discards only ``warmup`` steps, but its workers filled up to ``num_workers *
+    prefetch_factor`` batches during their start-up: steps on that queue run at the step's own speed,
+    and a window of them read many times the steady rate (the noise it made read ±605%). Those steps
+    are dropped when enough steps remain for a window; otherwise their windows are kept for the
+    throughput but marked as start-up windows, which the noise estimate leaves out.
+    """
     steps = [timing.StepSample(s.step_s, s.samples) for s in report.steps if s.step_s > 0 and s.samples > 0]
     per_window = max(2, cfg.num_workers)
     if len(steps) < per_window:
         return None
-    windows = timing.windows_from_steps(steps, per_window)
+    prefilled = max(0, cfg.num_workers * (cfg.prefetch_factor or 2) - warmup) if cfg.num_workers else 0
+    startup: tuple[int, ...] = ()
+    if len(steps) - prefilled >= per_window:
+        windows = timing.windows_from_steps(steps[prefilled:], per_window)
+    else:
+        windows = timing.windows_from_steps(steps, per_window)
+        startup = tuple(i for i in range(len(windows)) if i * per_window < prefilled)
     if not windows:
         return None
     return Measurement(windows=windows, steps_per_window=per_window,
                        batch_size=report.batch_size or steps[0].samples, startup_s=0.0, elapsed_s=elapsed_s,
-                       compute_s=_compute_s(report), from_profile=True)
+                       compute_s=_compute_s(report), from_profile=True, startup_windows=startup)
 
 
 def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,

@@ -17,12 +17,13 @@ class Trial:
 
     config: dict[str, Any]
     throughput: float  # median samples/s over the trial's repeat windows (0.0 when it failed)
-    spread: float  # (max - min) / median of those windows
+    spread: float  # (max - min) / median of the steady-state windows (those not in startup_windows)
     accepted: bool
     reason: str  # why it was accepted, rejected, skipped or failed
     status: str = "ok"  # ok | failed | skipped
     windows: tuple[float, ...] = ()  # throughput of each repeat window
     elapsed_s: float = 0.0
+    startup_windows: tuple[int, ...] = ()  # indices of windows holding a worker (re)start (not in the noise)
 
 
 @dataclass(frozen=True)

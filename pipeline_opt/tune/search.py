@@ -6,7 +6,10 @@ injected numbers. The rules:
 
 * The baseline (the loader as given) is measured first; a baseline that fails is the user's
   pipeline failing, and the error propagates.
-* Noise is measured, not assumed: the half-spread of the baseline's repeat windows, and the
+* Noise is measured, not assumed, on steady-state windows only (a window holding a worker
+  start-up or an epoch's restart, ``Measurement.startup_windows``, or a profile's steps on the queue
+  its workers filled during their start-up, is left out: one such window read ±605% "noise" and
+  made every gain look like noise): the half-spread of the baseline's repeat windows, and the
   relative difference between repeated measurements of the baseline (the baseline and the first
   guess are measured interleaved, A B A B). The larger is the noise. Windows of the baseline's
   profile stand in for a baseline trial only until one is measured (:meth:`Search.evidence`). Repeats of a candidate feed
@@ -249,23 +252,24 @@ class Search:
 
     def window_spread(self, candidate: Measurement, incumbent: LoaderConfig) -> float:
         """Half the relative window spread of ``candidate`` or of ``incumbent``'s trials (their median),
-        whichever is larger."""
-        earlier = [x.spread for x in self.evidence(incumbent)]
-        return max(candidate.spread, statistics.median(earlier) if earlier else 0.0) / 2
+        whichever is larger; steady-state windows only (:attr:`Measurement.steady_spread`)."""
+        earlier = [x.steady_spread for x in self.evidence(incumbent)]
+        return max(candidate.steady_spread, statistics.median(earlier) if earlier else 0.0) / 2
 
     def _update_noise(self) -> None:
         noise = 0.0
         base = self.evidence(self.baseline) if self.baseline is not None else []
         if base:
-            noise = statistics.median(m.spread for m in base) / 2
+            noise = statistics.median(m.steady_spread for m in base) / 2
             noise = max(noise, repeat_noise([m.median for m in base]))
         self.noise = noise
 
     def _record(self, cfg: LoaderConfig, m: Measurement | None, accepted: bool, reason: str, status: str = "ok",
                 elapsed: float = 0.0) -> None:
         trial = Trial(config=cfg.to_dict(), throughput=0.0 if m is None else m.median,
-                      spread=0.0 if m is None else m.spread, accepted=accepted, reason=reason, status=status,
-                      windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s)
+                      spread=0.0 if m is None else m.steady_spread, accepted=accepted, reason=reason, status=status,
+                      windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s,
+                      startup_windows=() if m is None else m.startup_windows)
         self.trials.append(trial)
         if self.on_trial is not None:
             self.on_trial(trial)
