@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 from pipeline_opt.report.svg import Series, horizontal_bars, stacked_bars, whisker_bars
-from pipeline_opt.report.text import as_dict, config_change, format_config, transform_names
+from pipeline_opt.report.text import as_dict, config_change, format_config, transform_names, trial_spread
 
 DATA_WAIT_COLOR = "#e4572e"
 H2D_COLOR = "#f2b705"
@@ -182,7 +182,7 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
     noise = float(d.get("noise") or 0.0)
     trials = d.get("trials") or ()
     original = d.get("original_config") or base.get("loader_config") or {}
-    rows = [[f"#{i}", f"{float(t.get('throughput') or 0.0):,.1f}", f"±{100 * float(t.get('spread') or 0.0):.0f}%",
+    rows = [[f"#{i}", f"{float(t.get('throughput') or 0.0):,.1f}", trial_spread(t),
              "yes" if t.get("accepted") else "no", t.get("status", "ok"), config_change(t.get("config") or {}, original),
              t.get("reason", "")] for i, t in enumerate(trials, 1)]
     settings = [[k, _fmt_val(original.get(k, "-")), _fmt_val(v)] for k, v in (d.get("config") or {}).items()]
@@ -204,7 +204,8 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
         f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
         f'<div class="card"><b>{best["throughput"]:,.1f}</b><span>samples/s after</span></div>'
         f'<div class="card"><b>{base["throughput"]:,.1f}</b><span>samples/s before</span></div></div>'
-        f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"
+        + _samples_section(d)
+        + f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"
         f"<h2>Chosen settings</h2>{_table(['setting', 'before', 'after'], settings)}"
         f"<h2>Throughput per trial</h2>{trial_chart(d)}{legend}"
         f"{_table(['trial', 'samples/s', 'spread', 'accepted', 'status', 'change vs given', 'reason'], rows)}"
@@ -213,6 +214,26 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
         + f"<hr>{profile_body(best, 'Best configuration')}"
     )
     return _page("pipeline_opt autotune", body)
+
+
+def _samples_section(d: Mapping[str, Any]) -> str:
+    """Whether the tuned loader's samples are bit-for-bit the original ones; each change that is
+    not, with its measured mean and max error (1/255 units)."""
+    from pipeline_opt.tune.exactness import PixelChange
+
+    exactness = d.get("exactness")
+    if exactness is None:
+        return ""
+    if exactness == "bitwise":
+        return ('<h2>Samples</h2><p class="ok">Bit-for-bit identical to the loader as given: no change the '
+                "tuner made alters a pixel.</p>")
+    changes = [c if isinstance(c, PixelChange) else PixelChange(**c) for c in d.get("pixel_changes") or ()]
+    rows = [[c.name, c.setting, c.kind, "n/a" if c.mean_error is None else f"{c.mean_error:.3g}/255",
+             f"{c.max_error:.3g}/255", c.n_images or "documented bound", c.note] for c in changes]
+    return (f'<h2>Samples</h2><div class="bottleneck"><b>Not bit-for-bit identical to the loader as given '
+            f"({_e(exactness)} changes)</b>: each change below alters pixels, by the error measured on your "
+            "images. For bit-identical samples pass <code>exact=True</code> (CLI: <code>--exact</code>).</div>"
+            + _table(["change", "setting", "class", "mean error", "max error", "images", "how measured"], rows))
 
 
 def _fmt_val(v: Any) -> str:

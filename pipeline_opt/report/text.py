@@ -185,16 +185,52 @@ def _short(v: Any) -> str:
     return str(v)
 
 
+def pixel_change_lines(d: Mapping[str, Any]) -> list[str]:
+    """What the tuned loader does to the samples (a ``TuneResult`` or its dict): the first line says
+    whether they are bit-for-bit the original ones, then one line per change that is not, with its
+    measured mean and max error in 1/255 units. Empty for results that predate the field."""
+    from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, DECODE_MEAN_ERROR, PixelChange
+
+    exactness = d.get("exactness")
+    if exactness is None:
+        return []
+    if exactness == "bitwise":
+        how = "only bit-identical changes were allowed (exact=True)" if d.get("exact") else \
+            "no change the tuner made alters a pixel"
+        return [f"samples: bit-for-bit identical to the loader as given ({how})"]
+    changes = [c if isinstance(c, PixelChange) else PixelChange(**c) for c in d.get("pixel_changes") or ()]
+    lines = [f"samples: NOT bit-for-bit identical to the loader as given ({exactness} changes):"]
+    lines += [f"  - {c.describe()}" for c in changes] or [f"  - {exactness} changes (no measurement recorded)"]
+    if any(c.kind == "decode" for c in changes):
+        lines.append(f"  decoders are offered only within mean {DECODE_MEAN_ERROR:g}/255 and max "
+                     f"{DECODE_MAX_ERROR:g}/255 on your images")
+    lines.append("  for bit-identical samples: autotune(..., exact=True) or pipeline-opt tune --exact")
+    return lines
+
+
+def trial_spread(trial: Mapping[str, Any]) -> str:
+    """``±12%``: the spread of a trial's steady-state windows; ``-`` when fewer than two of its
+    windows were steady (the others held a worker start-up) or it measured none."""
+    windows = trial.get("windows") or ()
+    steady = len(windows) - len(trial.get("startup_windows") or ())
+    if windows and steady < 2:
+        return "-"
+    return f"±{100 * float(trial.get('spread') or 0.0):.0f}%"
+
+
 def tune_table(result: Any) -> str:
-    """The autotune summary: before/after with speedup and noise, every trial, and what was not tried."""
+    """The autotune summary: before/after with speedup and noise, what the changes do to the samples,
+    every trial, and what was not tried."""
     d = as_dict(result)
     trials = d.get("trials") or ()
     noise = float(d.get("noise") or 0.0)
     speedup = float(d["speedup"])
     verdict = "beyond noise" if speedup - 1.0 > noise else "within noise"
+    samples = pixel_change_lines(d)
     lines = [
         f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
         f"  speedup {speedup:.2f}x ({verdict}; measured noise ±{100 * noise:.0f}%)",
+        *(["  " + line for line in samples]),
         "",
         before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config")),
         "",
@@ -205,7 +241,7 @@ def tune_table(result: Any) -> str:
     for i, t in enumerate(trials, 1):
         status = t.get("status", "ok")
         tput = f"{t['throughput']:,.1f}" if status == "ok" else status
-        rows.append([i, tput, f"±{100 * float(t.get('spread') or 0.0):.0f}%", "yes" if t.get("accepted") else "no",
+        rows.append([i, tput, trial_spread(t), "yes" if t.get("accepted") else "no",
                      config_change(t.get("config") or {}, original), t.get("reason", "")])
     lines.append(grid(["#", "samples/s", "spread", "accepted", "change vs given", "reason"], rows)
                  if rows else "  (none)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_opt.profile.report import ProfileReport, _plain
+from pipeline_opt.tune.exactness import PixelChange
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class TuneResult:
     original_config: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""  # one sentence: what won and by how much, or that nothing did
     budget: dict[str, Any] = field(default_factory=dict)  # the resource budget and its reasons
+    # What the returned loader's changes do to the samples (pipeline_opt.tune.exactness): "bitwise"
+    # (the same bytes), "tolerance" (the same operation by another kernel) or "decode" (another JPEG
+    # decoder); every change that is not bitwise is in pixel_changes with its measured error.
+    exactness: str = "bitwise"
+    pixel_changes: tuple[PixelChange, ...] = ()
+    pixel_checks: tuple[PixelChange, ...] = ()  # every error measured during the run, refused changes included
+    exact: bool = False  # autotune(exact=True): only bit-identical changes were allowed
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loader"}

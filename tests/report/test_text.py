@@ -96,3 +96,41 @@ def test_tuner_knobs_left_off_are_not_marked_changed():
     assert re.search(r"gpu_transforms +\[\] +-> \[\]$", text, re.M)
     assert re.search(r"decode +pil +-> pil$", text, re.M) and re.search(r"draft_decode +False +-> False$", text, re.M)
     assert re.search(r"shared_slots +False +-> True   \(changed\)", text)
+
+
+def _with_pixel_changes():
+    from pipeline_opt.tune.exactness import PixelChange
+
+    draft = PixelChange("JPEG draft decoding", "decode", "decode=draft", 1.12, 14.0, 12)
+    resize = PixelChange("Resize on the device", "tolerance", "gpu_transforms=Resize", 0.21, 1.0, 12)
+    return dataclasses.replace(make_tune(), exactness="decode", pixel_changes=(draft, resize),
+                               pixel_checks=(draft, resize))
+
+
+def test_tune_table_names_every_change_that_alters_pixels():
+    result = _with_pixel_changes()
+    text = tune_table(result)
+    assert "samples: NOT bit-for-bit identical to the loader as given (decode changes)" in text
+    assert ("JPEG draft decoding (decode=draft; a different JPEG decoder): mean 1.12/255, max 14/255 per pixel "
+            "value over 12 of your images") in text
+    assert "Resize on the device (gpu_transforms=Resize; the same operation, another kernel): mean 0.21/255" in text
+    assert "exact=True" in text
+    assert tune_table(result.to_dict()) == text  # a saved tune.json renders the same
+    assert result.to_dict()["pixel_changes"][0] == {
+        "name": "JPEG draft decoding", "kind": "decode", "setting": "decode=draft", "mean_error": 1.12,
+        "max_error": 14.0, "n_images": 12, "size_mismatches": 0, "allowed": True, "note": ""}
+
+
+def test_tune_table_says_when_samples_are_bitwise():
+    text = tune_table(make_tune())
+    assert "samples: bit-for-bit identical to the loader as given" in text
+    old = {k: v for k, v in make_tune().to_dict().items() if k not in ("exactness", "pixel_changes")}
+    assert "samples:" not in tune_table(old)  # a tune.json from before the field: nothing claimed
+
+
+def test_trial_spread_leaves_start_up_windows_out():
+    from pipeline_opt.report.text import trial_spread
+
+    assert trial_spread({"spread": 0.12, "windows": [1, 2, 3]}) == "±12%"
+    assert trial_spread({"spread": 0.0, "windows": [1, 2, 3], "startup_windows": [0, 2]}) == "-"
+    assert trial_spread({"spread": 0.0, "windows": []}) == "±0%"
