@@ -44,6 +44,11 @@ def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.1f}/s"
 
 
+def efficiency_short(d: Mapping[str, Any]) -> str:
+    """``0.25x`` of the limit, or ``n/a`` when it was not measured."""
+    return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
+
+
 def _efficiency(d: Mapping[str, Any]) -> str:
     eff, limit = d.get("efficiency"), d.get("limit_throughput")
     if eff is None:
@@ -146,23 +151,34 @@ _AS_GIVEN: dict[str, Any] = {"gpu_transforms": [], "decode": "pil", "draft_decod
 
 
 def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None = None,
-                       original_config: Mapping[str, Any] | None = None) -> str:
-    """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings."""
+                       original_config: Mapping[str, Any] | None = None, *, speedup: float | None = None,
+                       trial_throughput: tuple[float, float] | None = None) -> str:
+    """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings.
+
+    With ``speedup`` (a tuning result's), the first row is the tuning trials' pooled throughput
+    (``trial_throughput``: before, after) with that speedup as the only ratio in the table; the
+    profiles' own throughputs follow without one (two short runs, for the breakdown: their ratio is
+    a second, noisier figure that would contradict the first). Without it, the profiles' ratios.
+    """
     b, a = as_dict(before), as_dict(after)
 
     def ratio(x: float | None, y: float | None) -> str:
         return f"{y / x:.2f}x" if x and y is not None else "-"
 
-    def eff(d: Mapping[str, Any]) -> str:
-        return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
-
-    rows = [
-        ["throughput (samples/s)", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}",
-         ratio(b["throughput"], a["throughput"])],
-        ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])],
+    if speedup is None:
+        head = [["throughput (samples/s)", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}",
+                 ratio(b["throughput"], a["throughput"])],
+                ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])]]
+    else:
+        tb, ta = trial_throughput if trial_throughput and all(trial_throughput) else (None, None)
+        head = [["throughput, tuning trials (samples/s)", "-" if tb is None else f"{tb:,.1f}",
+                 "-" if ta is None else f"{ta:,.1f}", f"{speedup:.2f}x"],
+                ["throughput, one short profile each", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}", ""],
+                ["step time (profile median)", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ""]]
+    rows = head + [
         ["data wait", _pct(b["data_wait_frac"]), _pct(a["data_wait_frac"]), ""],
         ["GPU idle", _pct(b.get("gpu_idle_frac")), _pct(a.get("gpu_idle_frac")), ""],
-        ["efficiency vs limit", eff(b), eff(a), ""],
+        ["efficiency vs limit", efficiency_short(b), efficiency_short(a), ""],
         ["bottleneck", b["bottleneck"], a["bottleneck"], ""],
     ]
     out = [grid(["", "before", "after", "change"], rows)]
@@ -232,7 +248,9 @@ def tune_table(result: Any) -> str:
         f"  speedup {speedup:.2f}x ({verdict}; measured noise ±{100 * noise:.0f}%)",
         *(["  " + line for line in samples]),
         "",
-        before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config")),
+        before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config"), speedup=speedup,
+                           trial_throughput=(float(d.get("baseline_throughput") or 0.0),
+                                             float(d.get("best_throughput") or 0.0))),
         "",
         "trials:",
     ]

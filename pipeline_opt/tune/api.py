@@ -256,7 +256,8 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         trials=outcome.trials, speedup=outcome.speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
         not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=verdict,
         budget=budget.to_dict(), exactness=exactness_of(config), pixel_changes=pixel_changes,
-        pixel_checks=tuple(checks), exact=exact,
+        pixel_checks=tuple(checks), exact=exact, baseline_throughput=outcome.baseline_throughput,
+        best_throughput=outcome.best_throughput if outcome.best != outcome.baseline else outcome.baseline_throughput,
     )
 
 

@@ -36,7 +36,12 @@ class TuneResult:
     baseline: ProfileReport
     best: ProfileReport
     trials: tuple[Trial, ...]
-    speedup: float  # best.throughput / baseline.throughput (measured in the same run)
+    # The one speedup figure, printed everywhere (table, verdict, CLI, tune.html): best_throughput /
+    # baseline_throughput, the pooled medians of every steady-state window of the returned
+    # configuration's trials and of the loader as given's, measured interleaved in this run (the
+    # final check's rounds included); exactly 1.0 when the loader as given is returned. The
+    # baseline / best profiles are single short runs for the breakdown: their ratio is not it.
+    speedup: float
     noise: float = 0.0  # measured run-to-run relative spread of the baseline
     tuning_time_s: float = 0.0
     not_tried: tuple[str, ...] = ()  # candidates skipped for lack of budget, with the reason
@@ -50,6 +55,8 @@ class TuneResult:
     pixel_changes: tuple[PixelChange, ...] = ()
     pixel_checks: tuple[PixelChange, ...] = ()  # every error measured during the run, refused changes included
     exact: bool = False  # autotune(exact=True): only bit-identical changes were allowed
+    baseline_throughput: float = 0.0  # pooled median samples/s of the loader as given's trials
+    best_throughput: float = 0.0  # pooled median samples/s of the returned configuration's trials
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loader"}

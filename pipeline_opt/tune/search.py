@@ -426,9 +426,9 @@ class Search:
         if target == self.baseline:
             tail = "returning the original settings"
         else:
-            gain = self.median(target) / max(self.median(self.baseline), 1e-12)
+            gain = self.median(target) / max(self.median(self.baseline), 1e-12) - 1.0
             tail = (f"falling back to {target.label()}, kept earlier and still holding up against the baseline "
-                    f"({gain:.2f}x pooled)")
+                    f"({_pct(gain)} pooled)")
         self._record(loser, None, False, f"{check}: {verdict}; {tail}", status="skipped")
 
     def _slots_tie(self, slots_median: float, reference_median: float) -> bool:
@@ -457,7 +457,8 @@ class Search:
             return
         if clear_win(self.median(guess), self.median(base), self.noise, self.min_gain):
             self.skip("A B A B repeats of the baseline",
-                      f"{self.median(guess) / max(self.median(base), 1e-12):.2f}x the baseline is far beyond any noise")
+                      f"the first guess measured {_pct(self.median(guess) / max(self.median(base), 1e-12) - 1.0)} "
+                      "over the baseline, far beyond any noise")
             if self.incumbent == guess:  # every later candidate is compared with it: one trial is too few
                 self._repeat(guess, f"repeat of {guess.label()} (the incumbent every later candidate is "
                                     "compared with)")
@@ -507,8 +508,8 @@ class Search:
             return
         if clear_win(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain):
             self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
-                      f"{self.median(self.incumbent) / max(self.median(self.baseline), 1e-12):.2f}x the baseline, "
-                      "far beyond any noise")
+                      f"{_pct(self.median(self.incumbent) / max(self.median(self.baseline), 1e-12) - 1.0)} over the "
+                      "baseline, far beyond any noise")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):

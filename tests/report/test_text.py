@@ -134,3 +134,27 @@ def test_trial_spread_leaves_start_up_windows_out():
     assert trial_spread({"spread": 0.12, "windows": [1, 2, 3]}) == "±12%"
     assert trial_spread({"spread": 0.0, "windows": [1, 2, 3], "startup_windows": [0, 2]}) == "-"
     assert trial_spread({"spread": 0.0, "windows": []}) == "±0%"
+
+
+def test_tune_table_shows_only_the_results_speedup():
+    # the profiles read 250 -> 600 (2.40x) while the interleaved trials, the speedup, read 1.23x
+    result = dataclasses.replace(make_tune(), speedup=1.23, baseline_throughput=300.0, best_throughput=369.0,
+                                 noise=0.05)
+    text = tune_table(result)
+    efficiency = [line for line in text.splitlines() if "efficiency" in line]
+    ratios = re.findall(r"\b\d+\.\d+x\b", "\n".join(x for x in text.splitlines() if x not in efficiency))
+    assert ratios and set(ratios) == {"1.23x"}, ratios
+    assert "speedup 1.23x" in text and "2.40x" not in text
+    row = next(line for line in text.splitlines() if "tuning trials" in line).split()
+    assert row[-3:] == ["300.0", "369.0", "1.23x"]
+    profile_row = next(line for line in text.splitlines() if "one short profile" in line).split()
+    assert profile_row[-2:] == ["250.0", "600.0"]  # the profiles are shown, without a ratio
+
+
+def test_tune_html_shows_only_the_results_speedup():
+    from pipeline_opt.report.html import render_tune_html
+
+    result = dataclasses.replace(make_tune(), speedup=1.23, baseline_throughput=300.0, best_throughput=369.0)
+    page = render_tune_html(result.to_dict())
+    assert "<b>1.23x</b><span>speedup</span>" in page and "2.40x" not in page
+    assert "<b>369.0</b><span>samples/s after (tuning trials)" in page
