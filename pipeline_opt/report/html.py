@@ -14,7 +14,14 @@ from html import escape
 from typing import Any
 
 from pipeline_opt.report.svg import Series, horizontal_bars, stacked_bars, whisker_bars
-from pipeline_opt.report.text import as_dict, config_change, format_config, transform_names, trial_spread
+from pipeline_opt.report.text import (
+    as_dict,
+    config_change,
+    format_config,
+    limit_unreliable,
+    transform_names,
+    trial_spread,
+)
 
 DATA_WAIT_COLOR = "#e4572e"
 H2D_COLOR = "#f2b705"
@@ -64,7 +71,8 @@ def _cards(d: Mapping[str, Any]) -> str:
         (f"{d['step_time_s'] * 1e3:.1f} ms", "median step time"),
         (_pct(d["data_wait_frac"]), "data wait"),
         (_pct(d.get("gpu_idle_frac")), "GPU idle"),
-        ("n/a" if eff is None else f"{eff:.2f}x", "efficiency vs limit"),
+        ("n/a", "efficiency: the limit could not be measured reliably (the loader measured above it)")
+        if limit_unreliable(d) else ("n/a" if eff is None else f"{eff:.2f}x", "efficiency vs limit"),
     ]
     return '<div class="cards">' + "".join(
         f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for v, k in items) + "</div>"

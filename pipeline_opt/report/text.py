@@ -44,8 +44,17 @@ def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.1f}/s"
 
 
+def limit_unreliable(d: Mapping[str, Any]) -> bool:
+    """Whether the loader measured faster than the device-resident limit: a limit is an upper bound,
+    so that limit run was disturbed (or too short) and an efficiency above 1.0x would be a wrong claim."""
+    eff = d.get("efficiency")
+    return eff is not None and eff > 1.0
+
+
 def efficiency_short(d: Mapping[str, Any]) -> str:
-    """``0.25x`` of the limit, or ``n/a`` when it was not measured."""
+    """``0.25x`` of the limit; ``n/a`` when it was not measured or not measured reliably."""
+    if limit_unreliable(d):
+        return "n/a (limit unreliable)"
     return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
 
 
@@ -53,6 +62,9 @@ def _efficiency(d: Mapping[str, Any]) -> str:
     eff, limit = d.get("efficiency"), d.get("limit_throughput")
     if eff is None:
         return "n/a (limit not measured)"
+    if limit_unreliable(d):
+        return (f"n/a: the limit could not be measured reliably (the loader measured {d['throughput']:,.1f} "
+                f"samples/s, above the {limit:,.1f} samples/s the step reached on a device-resident batch)")
     return f"{eff:.2f}x of the limit ({limit:,.1f} samples/s on a device-resident batch)" if limit else f"{eff:.2f}x"
 
 

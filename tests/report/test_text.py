@@ -158,3 +158,16 @@ def test_tune_html_shows_only_the_results_speedup():
     page = render_tune_html(result.to_dict())
     assert "<b>1.23x</b><span>speedup</span>" in page and "2.40x" not in page
     assert "<b>369.0</b><span>samples/s after (tuning trials)" in page
+
+
+def test_efficiency_above_the_limit_is_not_claimed():
+    report = dataclasses.replace(make_profile(1300.0), efficiency=1.3)  # limit 1000/s, loader 1300/s
+    text = profile_table(report)
+    assert "1.30x" not in text and "the limit could not be measured reliably" in text
+    assert "1,300.0 samples/s, above the 1,000.0 samples/s" in text
+    table = before_after_table(make_profile(), report)
+    assert "1.30x" not in table and "n/a (limit unreliable)" in table
+    from pipeline_opt.report.html import render_profile_html
+
+    page = render_profile_html(report.to_dict())
+    assert "1.30x" not in page and "could not be measured reliably" in page
