@@ -11,6 +11,8 @@ from typing import Any
 from pipeline_opt.profile.report import ProfileReport, _plain
 from pipeline_opt.tune.exactness import PixelChange
 
+DATALOADER_ARGS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
 
 @dataclass(frozen=True)
 class Trial:
@@ -57,6 +59,52 @@ class TuneResult:
     exact: bool = False  # autotune(exact=True): only bit-identical changes were allowed
     baseline_throughput: float = 0.0  # pooled median samples/s of the loader as given's trials
     best_throughput: float = 0.0  # pooled median samples/s of the returned configuration's trials
+
+    def dataloader_kwargs(self, changed_only: bool = False) -> dict[str, Any]:
+        """The tuned settings that are ``torch.utils.data.DataLoader`` arguments, ready for
+        ``DataLoader(dataset, **kwargs)``: num_workers, pin_memory, and with workers,
+        persistent_workers and prefetch_factor (DataLoader refuses those two without workers).
+
+        The tuner's other changes (GPU transforms, another JPEG decoder, shared slots) are not
+        DataLoader arguments: :meth:`other_changes` says how to apply them, and ``loader`` applies
+        everything. ``changed_only`` keeps only the arguments that differ from the loader as given.
+        """
+        out = {k: self.config[k] for k in DATALOADER_ARGS if k in self.config}
+        if not out.get("num_workers"):
+            out.pop("persistent_workers", None)
+            out.pop("prefetch_factor", None)
+        if changed_only:
+            original = self.original_config or {}
+            out = {k: v for k, v in out.items() if k not in original or original[k] != v}
+        return out
+
+    def other_changes(self) -> dict[str, str]:
+        """The changes that are not DataLoader arguments, each with how to apply it by hand
+        (``loader`` already applies them all); empty when only DataLoader arguments changed."""
+        cfg, out = self.config, {}
+        decode = cfg.get("decode") or ("draft" if cfg.get("draft_decode") else "pil")
+        gpu = list(cfg.get("gpu_transforms") or ())
+        if gpu and decode != "nvjpeg":
+            out["gpu_transforms"] = (
+                f"run {'+'.join(gpu)} on the device, per batch: `ds, gpu = "
+                "pipeline_opt.transforms.offload_dataset_transform(dataset)`, build the DataLoader on `ds`, "
+                "iterate `pipeline_opt.transforms.DeviceLoader(loader, device, transform=gpu)`")
+        if decode == "draft":
+            out["decode"] = ("JPEG draft decoding (libjpeg DCT scaling): `dataset = "
+                             "pipeline_opt.transforms.draft_dataset(dataset)`")
+        elif decode == "nvjpeg":
+            out["decode"] = ("JPEG decoding on the GPU (nvJPEG): `pipeline_opt.transforms.gpu_jpeg_loader(dataset, "
+                             "pipeline_opt.transforms.GpuJpegDecoder(size, mean=..., std=..., crop=...), "
+                             "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
+        if cfg.get("shared_slots"):
+            out["shared_slots"] = ("image tensors through reused page-locked slots: `loader = "
+                                   "pipeline_opt.shared_slots.slot_loader(loader)`, iterated through "
+                                   "`pipeline_opt.transforms.DeviceLoader(loader, device, reuse_buffers=True)`")
+        for change in self.pixel_changes:
+            key = change.setting.partition("=")[0]
+            if key in out:
+                out[key] += f" [changes pixels: {change.error_text()}]"
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "loader"}
