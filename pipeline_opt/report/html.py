@@ -18,9 +18,11 @@ from pipeline_opt.report.text import (
     as_dict,
     config_change,
     format_config,
+    group_workers,
     limit_unreliable,
     transform_names,
     trial_spread,
+    workers_title,
 )
 
 DATA_WAIT_COLOR = "#e4572e"
@@ -103,11 +105,13 @@ def step_chart(d: Mapping[str, Any]) -> str:
 
 
 def _workers_section(d: Mapping[str, Any]) -> str:
-    workers = d.get("workers") or ()
+    workers = group_workers(d.get("workers") or ())
     if not workers:
         return ""
-    labels = [("main process" if w.get("worker_id", 0) < 0 else f"worker {w.get('worker_id')}") for w in workers]
-    out = ["<h2>Workers</h2><p>CPU utilisation of each loader process (100% = one core).</p>",
+    labels = [("main process" if w["worker_id"] < 0 else f"worker {w['worker_id']}")
+              + (f" ({w['processes']} processes)" if w["processes"] > 1 else "") for w in workers]
+    out = [f"<h2>Workers</h2><p>{_e(workers_title(workers))}. CPU utilisation of each loader worker "
+           "(100% = one core; a respawned worker's processes weighted by their samples).</p>",
            horizontal_bars(labels, [float(w.get("cpu_percent", 0.0)) for w in workers], "CPU per worker", "%",
                            WORKER_COLOR, max_value=100.0)]
     names = transform_names(workers)
@@ -117,10 +121,13 @@ def _workers_section(d: Mapping[str, Any]) -> str:
         colors = [TRANSFORM_PALETTE[i % len(TRANSFORM_PALETTE)] for i in range(len(names))]
         out += ["<p>Mean cost of each transform per sample, across workers.</p>",
                 horizontal_bars(names, mean, "per-transform cost", "ms/sample", colors)]
-    rows = [[lab, w.get("pid"), w.get("samples"), f"{1e3 * float(w.get('mean_sample_s', 0.0)):.2f}",
-             f"{float(w.get('cpu_percent', 0.0)):.0f}", f"{int(w.get('rss_bytes', 0)) / 2**20:.0f}",
-             f"{1e3 * float(w.get('collate_s', 0.0)):.1f}"] for lab, w in zip(labels, workers)]
-    out.append(_table(["process", "pid", "samples", "ms/sample", "cpu %", "rss MB", "collate ms"], rows))
+    rows = [[lab, ", ".join(str(p) for p in w["pids"]), w["processes"], w["samples"],
+             f"{1e3 * float(w['mean_sample_s']):.2f}", f"{float(w['cpu_percent']):.0f}",
+             f"{int(w['rss_bytes']) / 2**20:.0f}",
+             "-" if w["collate_ms_per_batch"] is None else f"{w['collate_ms_per_batch']:.2f}"]
+            for lab, w in zip(labels, workers)]
+    out.append(_table(["worker", "pids", "processes", "samples", "ms/sample", "cpu %", "rss MB", "collate ms/batch"],
+                      rows))
     return "".join(out)
 
 

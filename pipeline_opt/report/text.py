@@ -6,6 +6,7 @@ form, so a saved ``report.json`` renders the same way as a live result.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -110,9 +111,9 @@ def profile_table(report: Any) -> str:
     recs = d.get("recommendations") or ()
     if recs:
         lines += ["", "recommendations:"] + [f"  {i}. {r}" for i, r in enumerate(recs, 1)]
-    workers = d.get("workers") or ()
+    workers = group_workers(d.get("workers") or ())
     if workers:
-        lines += ["", f"workers ({len(workers)}):", _workers_grid(workers)]
+        lines += ["", workers_title(workers) + ":", _workers_grid(workers)]
     for key, title in (("top_cpu_ops", "top CPU ops (self time)"), ("top_cuda_ops", "top CUDA ops (self time)")):
         ops = d.get(key) or ()
         if ops:
@@ -132,19 +133,79 @@ def transform_names(workers: Sequence[Mapping[str, Any]]) -> list[str]:
 _MAX_TRANSFORM_COLUMNS = 6
 
 
+def group_workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
+    """One entry per worker id (the main process first), however many processes played it.
+
+    Without ``persistent_workers`` the DataLoader starts new worker processes every epoch, so a
+    profile holds several processes with the same worker id; listing each as its own "worker 0"
+    reads like duplicated workers. Each group sums samples, batches and collate seconds, weights
+    the per-sample means (and CPU%) by samples, keeps the largest RSS, and counts the processes:
+    ``processes`` (1 + respawns) and ``pids``. ``collate_ms_per_batch`` is collate seconds per batch.
+    """
+    groups: dict[int, list[Mapping[str, Any]]] = {}
+    for w in workers:
+        if dataclasses.is_dataclass(w) and not isinstance(w, type):
+            w = dataclasses.asdict(w)
+        groups.setdefault(int(w.get("worker_id", 0)), []).append(w)
+    out = []
+    for wid in sorted(groups):
+        procs = groups[wid]
+        samples = sum(int(p.get("samples") or 0) for p in procs)
+        batches = sum(int(p.get("batches") or 0) for p in procs)
+
+        def weighted(key: str, procs: list[Mapping[str, Any]] = procs, samples: int = samples) -> float:
+            if samples > 0:
+                return sum(float(p.get(key) or 0.0) * int(p.get("samples") or 0) for p in procs) / samples
+            return sum(float(p.get(key) or 0.0) for p in procs) / len(procs)
+
+        names = {n for p in procs for n in (p.get("transform_s") or {})}
+        transform_s = {}
+        for n in names:
+            have = [p for p in procs if n in (p.get("transform_s") or {})]
+            n_samples = sum(int(p.get("samples") or 0) for p in have)
+            transform_s[n] = (sum(p["transform_s"][n] * int(p.get("samples") or 0) for p in have) / n_samples
+                              if n_samples else sum(p["transform_s"][n] for p in have) / len(have))
+        collate = sum(float(p.get("collate_s") or 0.0) for p in procs)
+        out.append({
+            "worker_id": wid, "pid": procs[0].get("pid"), "pids": [p.get("pid") for p in procs],
+            "processes": len(procs), "samples": samples, "batches": batches,
+            "mean_sample_s": weighted("mean_sample_s"), "cpu_percent": weighted("cpu_percent"),
+            "rss_bytes": max(int(p.get("rss_bytes") or 0) for p in procs), "collate_s": collate,
+            "collate_ms_per_batch": collate / batches * _MS if batches else None,
+            "busy_s": sum(float(p.get("busy_s") or 0.0) for p in procs), "transform_s": transform_s,
+        })
+    return out
+
+
+def workers_title(groups: Sequence[Mapping[str, Any]]) -> str:
+    """``workers (2)``, or ``workers (2; 6 processes: respawned each epoch, ...)`` when they were."""
+    n = sum(1 for g in groups if g["worker_id"] >= 0)
+    title = f"workers ({n})" if n else "loader work in the main process"
+    processes = sum(g["processes"] for g in groups if g["worker_id"] >= 0)
+    if processes > n:
+        title = (f"workers ({n}; {processes} processes: the DataLoader started new ones each epoch, "
+                 "persistent_workers=True keeps them)")
+    return title
+
+
 def _workers_grid(workers: Sequence[Mapping[str, Any]]) -> str:
     names = transform_names(workers)
     shown, rest = names[:_MAX_TRANSFORM_COLUMNS], names[_MAX_TRANSFORM_COLUMNS:]
-    headers = ["worker", "pid", "samples", "ms/sample", "cpu%", "rss MB", "collate ms"] + [f"{n} ms" for n in shown]
+    respawned = any(w.get("processes", 1) > 1 for w in workers)
+    headers = (["worker", "pid"] + (["processes"] if respawned else [])
+               + ["samples", "ms/sample", "cpu%", "rss MB", "collate ms/batch"] + [f"{n} ms/sample" for n in shown])
     if rest:
-        headers.append(f"{len(rest)} others ms")
+        headers.append(f"{len(rest)} others ms/sample")
     rows = []
     for w in workers:
         wid = "main" if w.get("worker_id", 0) < 0 else w.get("worker_id")
         ts = w.get("transform_s") or {}
-        row = [wid, w.get("pid"), w.get("samples"), f"{w.get('mean_sample_s', 0.0) * _MS:.2f}",
-               f"{w.get('cpu_percent', 0.0):.0f}", f"{w.get('rss_bytes', 0) * _MB:.0f}",
-               f"{w.get('collate_s', 0.0) * _MS:.1f}"] + [f"{ts[n] * _MS:.2f}" if n in ts else "-" for n in shown]
+        per_batch = w.get("collate_ms_per_batch")
+        row = ([wid, w.get("pid")] + ([w.get("processes", 1)] if respawned else [])
+               + [w.get("samples"), f"{w.get('mean_sample_s', 0.0) * _MS:.2f}",
+                  f"{w.get('cpu_percent', 0.0):.0f}", f"{w.get('rss_bytes', 0) * _MB:.0f}",
+                  "-" if per_batch is None else f"{per_batch:.2f}"]
+               + [f"{ts[n] * _MS:.2f}" if n in ts else "-" for n in shown])
         if rest:
             row.append(f"{sum(ts.get(n, 0.0) for n in rest) * _MS:.2f}")
         rows.append(row)

@@ -171,3 +171,44 @@ def test_efficiency_above_the_limit_is_not_claimed():
 
     page = render_profile_html(report.to_dict())
     assert "1.30x" not in page and "could not be measured reliably" in page
+
+
+def _respawned():
+    """Two workers started anew in each of three epochs: six processes, worker ids 0, 1, 0, 1, 0, 1."""
+    report = make_profile(num_workers=2)
+    procs = tuple(dataclasses.replace(report.workers[i % 2], pid=2000 + i, samples=32, batches=1,
+                                      collate_s=0.004 * (1 + i % 2), rss_bytes=(100 + i) * 2**20)
+                  for i in range(6))
+    return dataclasses.replace(report, workers=procs)
+
+
+def test_respawned_workers_are_grouped_by_worker_id():
+    from pipeline_opt.report.text import group_workers
+
+    text = profile_table(_respawned())
+    assert "workers (2; 6 processes: the DataLoader started new ones each epoch" in text
+    rows = [line.split() for line in text.splitlines() if "2000" in line or "2001" in line]
+    assert [r[0] for r in rows] == ["0", "1"]  # each worker once
+    header = next(line for line in text.splitlines() if "collate ms/batch" in line).split()
+    assert header[:4] == ["worker", "pid", "processes", "samples"]
+    assert rows[0][2:4] == ["3", "96"]  # 3 processes, 3 x 32 samples
+    g = group_workers(_respawned().to_dict()["workers"])
+    assert [x["worker_id"] for x in g] == [0, 1] and g[0]["pids"] == [2000, 2002, 2004]
+    assert g[1]["collate_ms_per_batch"] == pytest.approx(8.0) and g[0]["rss_bytes"] == 104 * 2**20
+
+
+def test_collate_column_is_per_batch():
+    report = make_profile(num_workers=1)  # 12 ms of collate over 3 batches
+    text = profile_table(report)
+    header = next(line for line in text.splitlines() if "collate ms/batch" in line).split()
+    row = next(line for line in text.splitlines() if "1000" in line).split()
+    assert header[:9] == ["worker", "pid", "samples", "ms/sample", "cpu%", "rss", "MB", "collate", "ms/batch"]
+    assert row[6] == "4.00"  # worker, pid, samples, ms/sample, cpu%, rss MB, collate ms/batch
+    assert "processes" not in header  # no respawn: no column for it
+
+
+def test_html_groups_respawned_workers():
+    from pipeline_opt.report.html import render_profile_html
+
+    page = render_profile_html(_respawned().to_dict())
+    assert page.count("worker 0 (3 processes)") >= 1 and "2000, 2002, 2004" in page and "collate ms/batch" in page
