@@ -5,9 +5,9 @@ start-up, and the burst of one batch per worker that was ready when the first on
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
 training run does; a window that holds such a restart is marked (``Measurement.startup_windows``)
-and left out of the noise estimate, not out of the throughput. Every trial ends with its worker processes shut down; a worker that died or
-hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
-:class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
+and left out of the noise estimate, not out of the throughput. Every trial ends with its worker
+processes shut down; a worker that died or hung (the trial loader carries a DataLoader
+``timeout``) fails the trial with a :class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
 (:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an optimizer.
 """
 
