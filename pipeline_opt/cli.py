@@ -137,12 +137,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     loader, model, step_fn = call_factory(args.factory, parse_kwargs(args.arg))
     result = po.autotune(loader, model, step_fn=step_fn, device=args.device, time_budget_s=args.budget,
-                         gpu_transforms=not args.no_gpu_transforms)
+                         gpu_transforms=not args.no_gpu_transforms, exact=args.exact)
     _out(result.table())
     result.save(args.out)
     _out(f"\nreport: {args.out / 'tune.html'}")
-    _out("\nuse these settings in your DataLoader: " + json.dumps(result.config))
+    _out(how_to_apply(result))
     return EXIT_OK
+
+
+def how_to_apply(result: Any) -> str:
+    """What to change in the user's code: the DataLoader arguments the tuner changed, then the other
+    changes (not DataLoader arguments) with how to apply each, or ``result.loader`` in Python."""
+    changed = result.dataloader_kwargs(changed_only=True)
+    lines = [""]
+    if changed:
+        lines.append("set these DataLoader arguments: DataLoader(..., "
+                     + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")")
+        lines.append("  (the tuned DataLoader arguments in full: "
+                     + ", ".join(f"{k}={v!r}" for k, v in result.dataloader_kwargs().items()) + ")")
+    else:
+        lines.append("no DataLoader argument changed")
+    other = result.other_changes()
+    if other:
+        lines.append("other changes, not DataLoader arguments (in Python, po.autotune(loader, model).loader "
+                     "applies them all):")
+        lines += [f"  - {key}: {how}" for key, how in other.items()]
+    return "\n".join(lines)
 
 
 def cmd_yolo(args: argparse.Namespace) -> int:
@@ -281,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             s.add_argument("--budget", type=float, default=60.0, help="tuning time budget in seconds (default 60)")
             s.add_argument("--no-gpu-transforms", action="store_true", help="never move transforms to the GPU")
+            s.add_argument("--exact", action="store_true",
+                           help="only changes that keep every sample bit-for-bit identical (no GPU resize, "
+                                "no other JPEG decoder)")
         s.set_defaults(func=func)
 
     y = sub.add_parser("yolo", help="train / profile / tune an ultralytics YOLO model with the integration "

@@ -172,8 +172,41 @@ def test_tune_command_on_user_factory(factory_file, tmp_path, capsys):
     rc = cli.main(["-q", "tune", f"{factory_file}:build", "--arg", "n=96", "--budget", "8", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "trials:" in text and "use these settings" in text
+    assert "trials:" in text and "use these settings" not in text
+    assert "set these DataLoader arguments: DataLoader(" in text or "no DataLoader argument changed" in text
     assert (out / "tune.html").is_file()
+
+
+def test_tune_prints_dataloader_arguments_apart_from_the_other_changes(factory_file, tmp_path, capsys, monkeypatch):
+    import pipeline_opt as po
+    from pipeline_opt.tune.exactness import PixelChange
+    from pipeline_opt.tune.result import TuneResult
+
+    original = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+                "gpu_transforms": [], "decode": "pil", "draft_decode": False, "shared_slots": False}
+    config = {**original, "num_workers": 3, "persistent_workers": True, "prefetch_factor": 2,
+              "gpu_transforms": ["Normalize"], "decode": "draft", "draft_decode": True}
+    seen = {}
+
+    def fake_autotune(loader, model, **kwargs):
+        seen.update(kwargs)
+        return TuneResult(loader=None, config=config, baseline=None, best=None, trials=(), speedup=2.0,
+                          original_config=original, exactness="decode",
+                          pixel_changes=(PixelChange("JPEG draft decoding", "decode", "decode=draft", 0.4, 9.0, 12),))
+
+    monkeypatch.setattr(po, "autotune", fake_autotune)
+    monkeypatch.setattr(TuneResult, "table", lambda self: "TABLE")
+    monkeypatch.setattr(TuneResult, "save", lambda self, d: d)
+    rc = cli.main(["-q", "tune", f"{factory_file}:build", "--arg", "n=16", "--exact", "--out", str(tmp_path)])
+    assert rc == 0 and seen["exact"] is True
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("set these DataLoader arguments"))
+    assert line == "set these DataLoader arguments: DataLoader(..., num_workers=3, persistent_workers=True, prefetch_factor=2)"
+    for knob in ("decode", "gpu_transforms", "draft_decode", "shared_slots"):
+        assert knob not in line
+    assert "other changes, not DataLoader arguments" in text
+    assert "  - gpu_transforms: run Normalize on the device" in text
+    assert "  - decode: JPEG draft decoding" in text and "max 9/255" in text
 
 
 def test_demo_end_to_end_small(tmp_path, capsys):
@@ -182,7 +215,7 @@ def test_demo_end_to_end_small(tmp_path, capsys):
                    "--budget", "20", "--batch-size", "8", "--steps", "3"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "throughput (samples/s)" in text and "settings:" in text and str(out / "report.html") in text
+    assert "throughput, tuning trials (samples/s)" in text and "settings:" in text and str(out / "report.html") in text
     assert "x over the naive loader in interleaved trials" in text
     for name in ("report.html", "summary.txt", "trace.json", "baseline/report.html", "best/report.json",
                  "tune.json"):

@@ -174,7 +174,10 @@ def evidence(m: Measurements) -> tuple[str, ...]:
     if m.unshared_batch_bytes >= 1 << 20:
         out.append(f"each worker batch holds {m.unshared_batch_bytes / (1 << 20):.0f} MiB of tensors outside shared "
                    "memory, which the DataLoader copies into shared memory to send it")
-    if m.limit_throughput:
+    if m.limit_throughput and m.throughput > m.limit_throughput:  # a limit is an upper bound: that run was off
+        out.append(f"throughput {m.throughput:.1f} samples/s is above the {m.limit_throughput:.1f} samples/s the "
+                   "step reached on a device-resident batch: the limit could not be measured reliably")
+    elif m.limit_throughput:
         out.append(f"throughput {m.throughput:.1f} samples/s = {_pct(m.throughput / m.limit_throughput)} of "
                    f"the {m.limit_throughput:.1f} samples/s the step reaches on a device-resident batch")
     return tuple(out)

@@ -14,7 +14,16 @@ from html import escape
 from typing import Any
 
 from pipeline_opt.report.svg import Series, horizontal_bars, stacked_bars, whisker_bars
-from pipeline_opt.report.text import as_dict, config_change, format_config, transform_names
+from pipeline_opt.report.text import (
+    as_dict,
+    config_change,
+    format_config,
+    group_workers,
+    limit_unreliable,
+    transform_names,
+    trial_spread,
+    workers_title,
+)
 
 DATA_WAIT_COLOR = "#e4572e"
 H2D_COLOR = "#f2b705"
@@ -64,7 +73,8 @@ def _cards(d: Mapping[str, Any]) -> str:
         (f"{d['step_time_s'] * 1e3:.1f} ms", "median step time"),
         (_pct(d["data_wait_frac"]), "data wait"),
         (_pct(d.get("gpu_idle_frac")), "GPU idle"),
-        ("n/a" if eff is None else f"{eff:.2f}x", "efficiency vs limit"),
+        ("n/a", "efficiency: the limit could not be measured reliably (the loader measured above it)")
+        if limit_unreliable(d) else ("n/a" if eff is None else f"{eff:.2f}x", "efficiency vs limit"),
     ]
     return '<div class="cards">' + "".join(
         f'<div class="card"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for v, k in items) + "</div>"
@@ -95,11 +105,13 @@ def step_chart(d: Mapping[str, Any]) -> str:
 
 
 def _workers_section(d: Mapping[str, Any]) -> str:
-    workers = d.get("workers") or ()
+    workers = group_workers(d.get("workers") or ())
     if not workers:
         return ""
-    labels = [("main process" if w.get("worker_id", 0) < 0 else f"worker {w.get('worker_id')}") for w in workers]
-    out = ["<h2>Workers</h2><p>CPU utilisation of each loader process (100% = one core).</p>",
+    labels = [("main process" if w["worker_id"] < 0 else f"worker {w['worker_id']}")
+              + (f" ({w['processes']} processes)" if w["processes"] > 1 else "") for w in workers]
+    out = [f"<h2>Workers</h2><p>{_e(workers_title(workers))}. CPU utilisation of each loader worker "
+           "(100% = one core; a respawned worker's processes weighted by their samples).</p>",
            horizontal_bars(labels, [float(w.get("cpu_percent", 0.0)) for w in workers], "CPU per worker", "%",
                            WORKER_COLOR, max_value=100.0)]
     names = transform_names(workers)
@@ -109,10 +121,13 @@ def _workers_section(d: Mapping[str, Any]) -> str:
         colors = [TRANSFORM_PALETTE[i % len(TRANSFORM_PALETTE)] for i in range(len(names))]
         out += ["<p>Mean cost of each transform per sample, across workers.</p>",
                 horizontal_bars(names, mean, "per-transform cost", "ms/sample", colors)]
-    rows = [[lab, w.get("pid"), w.get("samples"), f"{1e3 * float(w.get('mean_sample_s', 0.0)):.2f}",
-             f"{float(w.get('cpu_percent', 0.0)):.0f}", f"{int(w.get('rss_bytes', 0)) / 2**20:.0f}",
-             f"{1e3 * float(w.get('collate_s', 0.0)):.1f}"] for lab, w in zip(labels, workers)]
-    out.append(_table(["process", "pid", "samples", "ms/sample", "cpu %", "rss MB", "collate ms"], rows))
+    rows = [[lab, ", ".join(str(p) for p in w["pids"]), w["processes"], w["samples"],
+             f"{1e3 * float(w['mean_sample_s']):.2f}", f"{float(w['cpu_percent']):.0f}",
+             f"{int(w['rss_bytes']) / 2**20:.0f}",
+             "-" if w["collate_ms_per_batch"] is None else f"{w['collate_ms_per_batch']:.2f}"]
+            for lab, w in zip(labels, workers)]
+    out.append(_table(["worker", "pids", "processes", "samples", "ms/sample", "cpu %", "rss MB", "collate ms/batch"],
+                      rows))
     return "".join(out)
 
 
@@ -182,13 +197,15 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
     noise = float(d.get("noise") or 0.0)
     trials = d.get("trials") or ()
     original = d.get("original_config") or base.get("loader_config") or {}
-    rows = [[f"#{i}", f"{float(t.get('throughput') or 0.0):,.1f}", f"±{100 * float(t.get('spread') or 0.0):.0f}%",
+    rows = [[f"#{i}", f"{float(t.get('throughput') or 0.0):,.1f}", trial_spread(t),
              "yes" if t.get("accepted") else "no", t.get("status", "ok"), config_change(t.get("config") or {}, original),
              t.get("reason", "")] for i, t in enumerate(trials, 1)]
     settings = [[k, _fmt_val(original.get(k, "-")), _fmt_val(v)] for k, v in (d.get("config") or {}).items()]
+    trial_before, trial_after = float(d.get("baseline_throughput") or 0.0), float(d.get("best_throughput") or 0.0)
+    measured = trial_before > 0 and trial_after > 0
     compare = [
-        ["throughput (samples/s)", f"{base['throughput']:,.1f}", f"{best['throughput']:,.1f}"],
-        ["median step time (ms)", f"{1e3 * base['step_time_s']:.1f}", f"{1e3 * best['step_time_s']:.1f}"],
+        ["throughput, one short profile each (samples/s)", f"{base['throughput']:,.1f}", f"{best['throughput']:,.1f}"],
+        ["median step time in the profile (ms)", f"{1e3 * base['step_time_s']:.1f}", f"{1e3 * best['step_time_s']:.1f}"],
         ["data wait", _pct(base["data_wait_frac"]), _pct(best["data_wait_frac"])],
         ["GPU idle", _pct(base.get("gpu_idle_frac")), _pct(best.get("gpu_idle_frac"))],
         ["bottleneck", base["bottleneck"], best["bottleneck"]],
@@ -202,9 +219,13 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
         f"<h1>pipeline_opt autotune</h1><p class=\"meta\">{len(trials)} trials in "
         f"{float(d.get('tuning_time_s') or 0.0):.1f} s · measured noise ±{100 * noise:.0f}%</p>"
         f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
-        f'<div class="card"><b>{best["throughput"]:,.1f}</b><span>samples/s after</span></div>'
-        f'<div class="card"><b>{base["throughput"]:,.1f}</b><span>samples/s before</span></div></div>'
-        f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"
+        + (f'<div class="card"><b>{trial_after:,.1f}</b><span>samples/s after (tuning trials)</span></div>'
+           f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s before (tuning trials)</span></div>'
+           if measured else "")
+        + "</div>"
+        + f"<p>{_e(SPEEDUP_NOTE)}</p>"
+        + _samples_section(d)
+        + f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"
         f"<h2>Chosen settings</h2>{_table(['setting', 'before', 'after'], settings)}"
         f"<h2>Throughput per trial</h2>{trial_chart(d)}{legend}"
         f"{_table(['trial', 'samples/s', 'spread', 'accepted', 'status', 'change vs given', 'reason'], rows)}"
@@ -213,6 +234,31 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
         + f"<hr>{profile_body(best, 'Best configuration')}"
     )
     return _page("pipeline_opt autotune", body)
+
+
+SPEEDUP_NOTE = ("Speedup: the pooled median throughput of the chosen settings over that of the loader as given, "
+                "over every steady-state window of their tuning trials, measured interleaved in this run. The "
+                "profiles below are one short run each, for the breakdown; their throughputs are not the speedup.")
+
+
+def _samples_section(d: Mapping[str, Any]) -> str:
+    """Whether the tuned loader's samples are bit-for-bit the original ones; each change that is
+    not, with its measured mean and max error (1/255 units)."""
+    from pipeline_opt.tune.exactness import PixelChange
+
+    exactness = d.get("exactness")
+    if exactness is None:
+        return ""
+    if exactness == "bitwise":
+        return ('<h2>Samples</h2><p class="ok">Bit-for-bit identical to the loader as given: no change the '
+                "tuner made alters a pixel.</p>")
+    changes = [c if isinstance(c, PixelChange) else PixelChange(**c) for c in d.get("pixel_changes") or ()]
+    rows = [[c.name, c.setting, c.kind, "n/a" if c.mean_error is None else f"{c.mean_error:.3g}/255",
+             f"{c.max_error:.3g}/255", c.n_images or "documented bound", c.note] for c in changes]
+    return (f'<h2>Samples</h2><div class="bottleneck"><b>Not bit-for-bit identical to the loader as given '
+            f"({_e(exactness)} changes)</b>: each change below alters pixels, by the error measured on your "
+            "images. For bit-identical samples pass <code>exact=True</code> (CLI: <code>--exact</code>).</div>"
+            + _table(["change", "setting", "class", "mean error", "max error", "images", "how measured"], rows))
 
 
 def _fmt_val(v: Any) -> str:

@@ -6,6 +6,7 @@ form, so a saved ``report.json`` renders the same way as a live result.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,10 +45,27 @@ def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.1f}/s"
 
 
+def limit_unreliable(d: Mapping[str, Any]) -> bool:
+    """Whether the loader measured faster than the device-resident limit: a limit is an upper bound,
+    so that limit run was disturbed (or too short) and an efficiency above 1.0x would be a wrong claim."""
+    eff = d.get("efficiency")
+    return eff is not None and eff > 1.0
+
+
+def efficiency_short(d: Mapping[str, Any]) -> str:
+    """``0.25x`` of the limit; ``n/a`` when it was not measured or not measured reliably."""
+    if limit_unreliable(d):
+        return "n/a (limit unreliable)"
+    return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
+
+
 def _efficiency(d: Mapping[str, Any]) -> str:
     eff, limit = d.get("efficiency"), d.get("limit_throughput")
     if eff is None:
         return "n/a (limit not measured)"
+    if limit_unreliable(d):
+        return (f"n/a: the limit could not be measured reliably (the loader measured {d['throughput']:,.1f} "
+                f"samples/s, above the {limit:,.1f} samples/s the step reached on a device-resident batch)")
     return f"{eff:.2f}x of the limit ({limit:,.1f} samples/s on a device-resident batch)" if limit else f"{eff:.2f}x"
 
 
@@ -93,9 +111,9 @@ def profile_table(report: Any) -> str:
     recs = d.get("recommendations") or ()
     if recs:
         lines += ["", "recommendations:"] + [f"  {i}. {r}" for i, r in enumerate(recs, 1)]
-    workers = d.get("workers") or ()
+    workers = group_workers(d.get("workers") or ())
     if workers:
-        lines += ["", f"workers ({len(workers)}):", _workers_grid(workers)]
+        lines += ["", workers_title(workers) + ":", _workers_grid(workers)]
     for key, title in (("top_cpu_ops", "top CPU ops (self time)"), ("top_cuda_ops", "top CUDA ops (self time)")):
         ops = d.get(key) or ()
         if ops:
@@ -115,19 +133,79 @@ def transform_names(workers: Sequence[Mapping[str, Any]]) -> list[str]:
 _MAX_TRANSFORM_COLUMNS = 6
 
 
+def group_workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
+    """One entry per worker id (the main process first), however many processes played it.
+
+    Without ``persistent_workers`` the DataLoader starts new worker processes every epoch, so a
+    profile holds several processes with the same worker id; listing each as its own "worker 0"
+    reads like duplicated workers. Each group sums samples, batches and collate seconds, weights
+    the per-sample means (and CPU%) by samples, keeps the largest RSS, and counts the processes:
+    ``processes`` (1 + respawns) and ``pids``. ``collate_ms_per_batch`` is collate seconds per batch.
+    """
+    groups: dict[int, list[Mapping[str, Any]]] = {}
+    for w in workers:
+        if dataclasses.is_dataclass(w) and not isinstance(w, type):
+            w = dataclasses.asdict(w)
+        groups.setdefault(int(w.get("worker_id", 0)), []).append(w)
+    out = []
+    for wid in sorted(groups):
+        procs = groups[wid]
+        samples = sum(int(p.get("samples") or 0) for p in procs)
+        batches = sum(int(p.get("batches") or 0) for p in procs)
+
+        def weighted(key: str, procs: list[Mapping[str, Any]] = procs, samples: int = samples) -> float:
+            if samples > 0:
+                return sum(float(p.get(key) or 0.0) * int(p.get("samples") or 0) for p in procs) / samples
+            return sum(float(p.get(key) or 0.0) for p in procs) / len(procs)
+
+        names = {n for p in procs for n in (p.get("transform_s") or {})}
+        transform_s = {}
+        for n in names:
+            have = [p for p in procs if n in (p.get("transform_s") or {})]
+            n_samples = sum(int(p.get("samples") or 0) for p in have)
+            transform_s[n] = (sum(p["transform_s"][n] * int(p.get("samples") or 0) for p in have) / n_samples
+                              if n_samples else sum(p["transform_s"][n] for p in have) / len(have))
+        collate = sum(float(p.get("collate_s") or 0.0) for p in procs)
+        out.append({
+            "worker_id": wid, "pid": procs[0].get("pid"), "pids": [p.get("pid") for p in procs],
+            "processes": len(procs), "samples": samples, "batches": batches,
+            "mean_sample_s": weighted("mean_sample_s"), "cpu_percent": weighted("cpu_percent"),
+            "rss_bytes": max(int(p.get("rss_bytes") or 0) for p in procs), "collate_s": collate,
+            "collate_ms_per_batch": collate / batches * _MS if batches else None,
+            "busy_s": sum(float(p.get("busy_s") or 0.0) for p in procs), "transform_s": transform_s,
+        })
+    return out
+
+
+def workers_title(groups: Sequence[Mapping[str, Any]]) -> str:
+    """``workers (2)``, or ``workers (2; 6 processes: respawned each epoch, ...)`` when they were."""
+    n = sum(1 for g in groups if g["worker_id"] >= 0)
+    title = f"workers ({n})" if n else "loader work in the main process"
+    processes = sum(g["processes"] for g in groups if g["worker_id"] >= 0)
+    if processes > n:
+        title = (f"workers ({n}; {processes} processes: the DataLoader started new ones each epoch, "
+                 "persistent_workers=True keeps them)")
+    return title
+
+
 def _workers_grid(workers: Sequence[Mapping[str, Any]]) -> str:
     names = transform_names(workers)
     shown, rest = names[:_MAX_TRANSFORM_COLUMNS], names[_MAX_TRANSFORM_COLUMNS:]
-    headers = ["worker", "pid", "samples", "ms/sample", "cpu%", "rss MB", "collate ms"] + [f"{n} ms" for n in shown]
+    respawned = any(w.get("processes", 1) > 1 for w in workers)
+    headers = (["worker", "pid"] + (["processes"] if respawned else [])
+               + ["samples", "ms/sample", "cpu%", "rss MB", "collate ms/batch"] + [f"{n} ms/sample" for n in shown])
     if rest:
-        headers.append(f"{len(rest)} others ms")
+        headers.append(f"{len(rest)} others ms/sample")
     rows = []
     for w in workers:
         wid = "main" if w.get("worker_id", 0) < 0 else w.get("worker_id")
         ts = w.get("transform_s") or {}
-        row = [wid, w.get("pid"), w.get("samples"), f"{w.get('mean_sample_s', 0.0) * _MS:.2f}",
-               f"{w.get('cpu_percent', 0.0):.0f}", f"{w.get('rss_bytes', 0) * _MB:.0f}",
-               f"{w.get('collate_s', 0.0) * _MS:.1f}"] + [f"{ts[n] * _MS:.2f}" if n in ts else "-" for n in shown]
+        per_batch = w.get("collate_ms_per_batch")
+        row = ([wid, w.get("pid")] + ([w.get("processes", 1)] if respawned else [])
+               + [w.get("samples"), f"{w.get('mean_sample_s', 0.0) * _MS:.2f}",
+                  f"{w.get('cpu_percent', 0.0):.0f}", f"{w.get('rss_bytes', 0) * _MB:.0f}",
+                  "-" if per_batch is None else f"{per_batch:.2f}"]
+               + [f"{ts[n] * _MS:.2f}" if n in ts else "-" for n in shown])
         if rest:
             row.append(f"{sum(ts.get(n, 0.0) for n in rest) * _MS:.2f}")
         rows.append(row)
@@ -146,23 +224,34 @@ _AS_GIVEN: dict[str, Any] = {"gpu_transforms": [], "decode": "pil", "draft_decod
 
 
 def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None = None,
-                       original_config: Mapping[str, Any] | None = None) -> str:
-    """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings."""
+                       original_config: Mapping[str, Any] | None = None, *, speedup: float | None = None,
+                       trial_throughput: tuple[float, float] | None = None) -> str:
+    """Two profiles side by side (throughput, step time, data wait, GPU idle, efficiency) and the settings.
+
+    With ``speedup`` (a tuning result's), the first row is the tuning trials' pooled throughput
+    (``trial_throughput``: before, after) with that speedup as the only ratio in the table; the
+    profiles' own throughputs follow without one (two short runs, for the breakdown: their ratio is
+    a second, noisier figure that would contradict the first). Without it, the profiles' ratios.
+    """
     b, a = as_dict(before), as_dict(after)
 
     def ratio(x: float | None, y: float | None) -> str:
         return f"{y / x:.2f}x" if x and y is not None else "-"
 
-    def eff(d: Mapping[str, Any]) -> str:
-        return "n/a" if d.get("efficiency") is None else f"{d['efficiency']:.2f}x"
-
-    rows = [
-        ["throughput (samples/s)", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}",
-         ratio(b["throughput"], a["throughput"])],
-        ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])],
+    if speedup is None:
+        head = [["throughput (samples/s)", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}",
+                 ratio(b["throughput"], a["throughput"])],
+                ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])]]
+    else:
+        tb, ta = trial_throughput if trial_throughput and all(trial_throughput) else (None, None)
+        head = [["throughput, tuning trials (samples/s)", "-" if tb is None else f"{tb:,.1f}",
+                 "-" if ta is None else f"{ta:,.1f}", f"{speedup:.2f}x"],
+                ["throughput, one short profile each", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}", ""],
+                ["step time (profile median)", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ""]]
+    rows = head + [
         ["data wait", _pct(b["data_wait_frac"]), _pct(a["data_wait_frac"]), ""],
         ["GPU idle", _pct(b.get("gpu_idle_frac")), _pct(a.get("gpu_idle_frac")), ""],
-        ["efficiency vs limit", eff(b), eff(a), ""],
+        ["efficiency vs limit", efficiency_short(b), efficiency_short(a), ""],
         ["bottleneck", b["bottleneck"], a["bottleneck"], ""],
     ]
     out = [grid(["", "before", "after", "change"], rows)]
@@ -185,18 +274,56 @@ def _short(v: Any) -> str:
     return str(v)
 
 
+def pixel_change_lines(d: Mapping[str, Any]) -> list[str]:
+    """What the tuned loader does to the samples (a ``TuneResult`` or its dict): the first line says
+    whether they are bit-for-bit the original ones, then one line per change that is not, with its
+    measured mean and max error in 1/255 units. Empty for results that predate the field."""
+    from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, DECODE_MEAN_ERROR, PixelChange
+
+    exactness = d.get("exactness")
+    if exactness is None:
+        return []
+    if exactness == "bitwise":
+        how = "only bit-identical changes were allowed (exact=True)" if d.get("exact") else \
+            "no change the tuner made alters a pixel"
+        return [f"samples: bit-for-bit identical to the loader as given ({how})"]
+    changes = [c if isinstance(c, PixelChange) else PixelChange(**c) for c in d.get("pixel_changes") or ()]
+    lines = [f"samples: NOT bit-for-bit identical to the loader as given ({exactness} changes):"]
+    lines += [f"  - {c.describe()}" for c in changes] or [f"  - {exactness} changes (no measurement recorded)"]
+    if any(c.kind == "decode" for c in changes):
+        lines.append(f"  decoders are offered only within mean {DECODE_MEAN_ERROR:g}/255 and max "
+                     f"{DECODE_MAX_ERROR:g}/255 on your images")
+    lines.append("  for bit-identical samples: autotune(..., exact=True) or pipeline-opt tune --exact")
+    return lines
+
+
+def trial_spread(trial: Mapping[str, Any]) -> str:
+    """``±12%``: the spread of a trial's steady-state windows; ``-`` when fewer than two of its
+    windows were steady (the others held a worker start-up) or it measured none."""
+    windows = trial.get("windows") or ()
+    steady = len(windows) - len(trial.get("startup_windows") or ())
+    if windows and steady < 2:
+        return "-"
+    return f"±{100 * float(trial.get('spread') or 0.0):.0f}%"
+
+
 def tune_table(result: Any) -> str:
-    """The autotune summary: before/after with speedup and noise, every trial, and what was not tried."""
+    """The autotune summary: before/after with speedup and noise, what the changes do to the samples,
+    every trial, and what was not tried."""
     d = as_dict(result)
     trials = d.get("trials") or ()
     noise = float(d.get("noise") or 0.0)
     speedup = float(d["speedup"])
     verdict = "beyond noise" if speedup - 1.0 > noise else "within noise"
+    samples = pixel_change_lines(d)
     lines = [
         f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
         f"  speedup {speedup:.2f}x ({verdict}; measured noise ±{100 * noise:.0f}%)",
+        *(["  " + line for line in samples]),
         "",
-        before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config")),
+        before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config"), speedup=speedup,
+                           trial_throughput=(float(d.get("baseline_throughput") or 0.0),
+                                             float(d.get("best_throughput") or 0.0))),
         "",
         "trials:",
     ]
@@ -205,7 +332,7 @@ def tune_table(result: Any) -> str:
     for i, t in enumerate(trials, 1):
         status = t.get("status", "ok")
         tput = f"{t['throughput']:,.1f}" if status == "ok" else status
-        rows.append([i, tput, f"±{100 * float(t.get('spread') or 0.0):.0f}%", "yes" if t.get("accepted") else "no",
+        rows.append([i, tput, trial_spread(t), "yes" if t.get("accepted") else "no",
                      config_change(t.get("config") or {}, original), t.get("reason", "")])
     lines.append(grid(["#", "samples/s", "spread", "accepted", "change vs given", "reason"], rows)
                  if rows else "  (none)")

@@ -5,6 +5,10 @@ The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules)
 1. profile the loader as given, briefly (the baseline report, the per-batch worker cost and step
    time); its steady-state steps are the baseline's first measurement;
 2. compute the resource budget (CPU affinity, local ranks, RAM, /dev/shm, batches per epoch);
+   plan the dataset changes and classify what each does to the samples
+   (:mod:`pipeline_opt.tune.exactness`): a different JPEG decoder (draft, nvJPEG) is measured on a
+   few of the user's images first and offered only within the documented error bounds; with
+   ``exact=True`` only bit-identical changes are planned;
 3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
    wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
    offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
@@ -39,6 +43,14 @@ from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers
+from pipeline_opt.tune.exactness import (
+    PixelChange,
+    changes_in,
+    exactness_of,
+    measure_draft,
+    measure_nvjpeg,
+    measure_offload,
+)
 from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
 from pipeline_opt.tune.measure import Measurement
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
@@ -72,6 +84,7 @@ def autotune(
     min_gain: float = MIN_GAIN,
     profiler: Profiler | None = None,
     shared_slots: bool = False,
+    exact: bool = False,
 ) -> TuneResult:
     """Find a faster configuration of ``loader`` for training ``model``, verified by measurement.
 
@@ -98,10 +111,18 @@ def autotune(
             Kept when they measure no more than ``min_gain`` below the configuration without
             them (a tie goes to the slots: they cut the workers' system time and page faults),
             rolled back when slower than that.
+        exact: allow only changes that keep every sample bit-for-bit identical (workers, pinning,
+            prefetch, persistence, shared slots, ToFloat / Normalize / CenterCrop on the device).
+            Off (the default), the tuner may also change pixels within stated bounds: Resize on the
+            device (within 1/255 of PIL bilinear) and another JPEG decoder (draft decoding, nvJPEG),
+            the latter only after measuring its error on a few of your images and only when it stays
+            within :data:`pipeline_opt.tune.exactness.DECODE_MEAN_ERROR` / ``DECODE_MAX_ERROR``.
+            Whatever changes pixels is named in ``result.pixel_changes`` with its measured error.
 
     Returns:
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
-        ``loader`` (GPU-offloaded transforms within their numeric tolerance).
+        ``loader``: bit-for-bit when ``result.exactness == "bitwise"`` (always with ``exact=True``),
+        otherwise within the errors listed in ``result.pixel_changes``.
     """
     from pipeline_opt.distributed import should_coordinate
 
@@ -113,10 +134,16 @@ def autotune(
         shared = autotune_distributed(
             loader, model, step_fn=step_fn, device=device, time_budget_s=time_budget_s,
             gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler, shared_slots=shared_slots)
-        return dataclasses.replace(shared.local, loader=shared.loader, config=dict(shared.config))
+            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler, shared_slots=shared_slots,
+            exact=exact)
+        config = dict(shared.config)
+        return dataclasses.replace(shared.local, loader=shared.loader, config=config,
+                                   exactness=exactness_of(config),
+                                   pixel_changes=changes_in(config, shared.local.pixel_checks))
     t_start = time.monotonic()
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
+    if not isinstance(exact, bool):
+        raise TypeError(f"exact={exact!r} must be True (bit-identical samples only) or False")
     dev = resolve_device(model, device)
     step = step_fn if step_fn is not None else default_step
     if profiler is None:
@@ -127,13 +154,13 @@ def autotune(
         with ModelStateGuard(model):
             return _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler,
                          gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-                         progress=progress, seed=seed, min_gain=min_gain, shared_slots=shared_slots)
+                         progress=progress, seed=seed, min_gain=min_gain, shared_slots=shared_slots, exact=exact)
     finally:
         bar.close()
 
 
 def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *, gpu_transforms, draft_decode,
-          max_workers, progress, seed, min_gain, shared_slots) -> TuneResult:
+          max_workers, progress, seed, min_gain, shared_slots, exact=False) -> TuneResult:
     baseline_cfg = LoaderConfig.of(loader)
     budget_s = deadline - t_start
     t0 = time.monotonic()
@@ -149,12 +176,30 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         log.debug("budget %s", line)
 
     gpu_plan, gpu_why = (None, f"device is {dev.type}: nothing to offload to") if dev.type != "cuda" \
-        else (None, "disabled (gpu_transforms=False)") if not gpu_transforms else plan_gpu_offload(loader.dataset)
+        else (None, "disabled (gpu_transforms=False)") if not gpu_transforms \
+        else plan_gpu_offload(loader.dataset, exact=exact)
+    held_back = [("gpu_transforms Resize", gpu_why)] if gpu_plan is not None and gpu_why else []
     draft_plan, draft_why = (None, "disabled (draft_decode=False)") if not draft_decode \
         else plan_draft_decode(loader.dataset)
     nvjpeg_plan, nvjpeg_why = (None, f"device is {dev.type}: nvJPEG decodes on CUDA devices only") \
         if dev.type != "cuda" else (None, "disabled (gpu_transforms=False)") if not gpu_transforms \
         else plan_nvjpeg_decode(loader)
+    # what each change does to the samples: decoders measured on the user's images before any trial
+    checks: list[PixelChange] = []
+    if exact:
+        draft_plan, draft_why = (None, EXACT_REFUSAL.format("JPEG draft decoding decodes at a reduced DCT scale")) \
+            if draft_plan is not None else (None, draft_why)
+        nvjpeg_plan, nvjpeg_why = (None, EXACT_REFUSAL.format("nvJPEG is a different JPEG decoder")) \
+            if nvjpeg_plan is not None else (None, nvjpeg_why)
+    else:
+        draft_plan, draft_why = _vetted(draft_plan, draft_why, lambda: measure_draft(loader.dataset, draft_plan),
+                                        checks)
+        nvjpeg_plan, nvjpeg_why = _vetted(nvjpeg_plan, nvjpeg_why,
+                                          lambda: measure_nvjpeg(loader.dataset, nvjpeg_plan, dev), checks)
+    if gpu_plan is not None:
+        offload_change = measure_offload(loader.dataset, gpu_plan, dev)
+        if offload_change is not None:
+            checks.append(offload_change)
     batch_wall = probe.wall_s if probe is not None else baseline_report.batch_cpu_s
     builder = CandidateBuilder(loader, dev, gpu=gpu_plan, draft=draft_plan, nvjpeg=nvjpeg_plan,
                                trial_timeout_s=max(MIN_TRIAL_TIMEOUT_S, 10.0 * batch_wall))
@@ -164,6 +209,8 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     reserve = timing.final_reserve_s(budget_s, profile_s)  # for profiling the winner at the end
     search = Search(runner, budget, deadline=deadline - reserve, min_gain=min_gain,
                     on_trial=_trial_logger(bar, progress))
+    for what, why in held_back:
+        search.skip(what, why)
     from_profile = _profile_measurement(baseline_report, baseline_cfg, profile_s)
     if from_profile is not None:
         runner.remember(baseline_cfg, from_profile)
@@ -199,32 +246,81 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         steps = timing.profile_steps(deadline - time.monotonic(), runner.predict_step_s(outcome.best, 0.0))
         best_report = _profile(profiler, final, model, step_fn, dev,
                                f"profiling the tuned loader ({outcome.best.label()})", steps=steps)
-    speedup = 1.0 if outcome.best == outcome.baseline else \
-        outcome.best_throughput / max(outcome.baseline_throughput, 1e-12)
+    config = outcome.best.to_dict()
+    pixel_changes = changes_in(config, checks)
+    verdict = outcome.verdict
+    if outcome.best != outcome.baseline:
+        verdict += "; " + samples_clause(exactness_of(config), pixel_changes)
     return TuneResult(
-        loader=final, config=outcome.best.to_dict(), baseline=baseline_report, best=best_report,
-        trials=outcome.trials, speedup=speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
-        not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=outcome.verdict,
-        budget=budget.to_dict(),
+        loader=final, config=config, baseline=baseline_report, best=best_report,
+        trials=outcome.trials, speedup=outcome.speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
+        not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=verdict,
+        budget=budget.to_dict(), exactness=exactness_of(config), pixel_changes=pixel_changes,
+        pixel_checks=tuple(checks), exact=exact, baseline_throughput=outcome.baseline_throughput,
+        best_throughput=outcome.best_throughput if outcome.best != outcome.baseline else outcome.baseline_throughput,
     )
+
+
+EXACT_REFUSAL = "exact=True allows only bit-identical changes, and {} (the pixels differ)"
+
+
+def _vetted(plan, why: str, measure: Callable[[], PixelChange], checks: list[PixelChange]):
+    """``(plan, why)`` of a decode candidate once its error on the user's images is known: the plan
+    when the error is within the bounds, else ``(None, the measured reason)``. The measurement is
+    kept in ``checks`` either way (``TuneResult.pixel_checks``)."""
+    if plan is None:
+        return None, why
+    try:
+        change = measure()
+    except Exception as exc:
+        log.debug("measuring a decode change failed", exc_info=True)
+        return None, f"its error could not be measured on your images ({type(exc).__name__}: {exc}): not offered"
+    checks.append(change)
+    if not change.allowed:
+        log.info("autotune: %s refused: %s", change.name, change.note)
+        return None, change.note
+    log.debug("autotune: %s", change.describe())
+    return plan, ""
+
+
+def samples_clause(exactness: str, changes: tuple[PixelChange, ...]) -> str:
+    """A clause for the verdict: whether the tuned loader's samples are bit-for-bit the original ones."""
+    if exactness == "bitwise":
+        return "samples bit-for-bit identical to the loader as given"
+    named = "; ".join(f"{c.name}: {c.error_text()}" for c in changes) or f"{exactness} changes"
+    return f"samples NOT bit-for-bit identical ({named})"
 
 
 def _compute_s(report: ProfileReport) -> float:
     return report.compute_time_s or max(report.step_time_s * (1.0 - report.data_wait_frac), 0.0)
 
 
-def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: float) -> Measurement | None:
-    """The baseline profile's steady-state steps as trial windows (one batch per worker at least), or None."""
+def _profile_measurement(report: ProfileReport, cfg: LoaderConfig, elapsed_s: float,
+                         warmup: int = PROFILE_WARMUP) -> Measurement | None:
+    """The baseline profile's steady-state steps as trial windows (one batch per worker at least), or None.
+
+    The profile discards only ``warmup`` steps, but its workers filled up to ``num_workers *
+    prefetch_factor`` batches during their start-up: steps on that queue run at the step's own speed,
+    and a window of them read many times the steady rate (the noise it made read ±605%). Those steps
+    are dropped when enough steps remain for a window; otherwise their windows are kept for the
+    throughput but marked as start-up windows, which the noise estimate leaves out.
+    """
     steps = [timing.StepSample(s.step_s, s.samples) for s in report.steps if s.step_s > 0 and s.samples > 0]
     per_window = max(2, cfg.num_workers)
     if len(steps) < per_window:
         return None
-    windows = timing.windows_from_steps(steps, per_window)
+    prefilled = max(0, cfg.num_workers * (cfg.prefetch_factor or 2) - warmup) if cfg.num_workers else 0
+    startup: tuple[int, ...] = ()
+    if len(steps) - prefilled >= per_window:
+        windows = timing.windows_from_steps(steps[prefilled:], per_window)
+    else:
+        windows = timing.windows_from_steps(steps, per_window)
+        startup = tuple(i for i in range(len(windows)) if i * per_window < prefilled)
     if not windows:
         return None
     return Measurement(windows=windows, steps_per_window=per_window,
                        batch_size=report.batch_size or steps[0].samples, startup_s=0.0, elapsed_s=elapsed_s,
-                       compute_s=_compute_s(report), from_profile=True)
+                       compute_s=_compute_s(report), from_profile=True, startup_windows=startup)
 
 
 def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,

@@ -4,9 +4,10 @@ A trial starts the loader's workers, discards the first ``max(warmup, num_worker
 start-up, and the burst of one batch per worker that was ready when the first one arrived), then
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
-training run does. Every trial ends with its worker processes shut down; a worker that died or
-hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
-:class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
+training run does; a window that holds such a restart is marked (``Measurement.startup_windows``)
+and left out of the noise estimate, not out of the throughput. Every trial ends with its worker
+processes shut down; a worker that died or hung (the trial loader carries a DataLoader
+``timeout``) fails the trial with a :class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
 (:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an optimizer.
 """
 
@@ -43,6 +44,22 @@ class Measurement:
     elapsed_s: float  # the whole trial, shutdown included
     compute_s: float = 0.0  # median synchronised seconds inside step_fn, over the discarded warm-up steps
     from_profile: bool = False  # windows of a profile's steps, not of a trial (see Search.evidence)
+    startup_windows: tuple[int, ...] = ()  # indices of windows holding a worker (re)start: not steady state
+
+    @property
+    def steady_windows(self) -> tuple[float, ...]:
+        """The windows without a worker (re)start in them: what the noise is measured on."""
+        skip = set(self.startup_windows)
+        return tuple(w for i, w in enumerate(self.windows) if i not in skip)
+
+    @property
+    def steady_spread(self) -> float:
+        """(max - min) / median of :attr:`steady_windows`; 0 with fewer than two of them."""
+        w = self.steady_windows
+        if len(w) < 2:
+            return 0.0
+        m = float(statistics.median(w))
+        return 0.0 if m <= 0 else (max(w) - min(w)) / m
 
     @property
     def median(self) -> float:
@@ -104,6 +121,7 @@ class BatchStream:
         self.loader = loader
         self._it: Iterator | None = None
         self.epochs = 0
+        self.since_start = 0  # batches taken from the current iterator (its workers' start-up first)
 
     def _new_iterator(self) -> Iterator:
         with warnings.catch_warnings():  # the budget, not torch's core-count rule, bounds the workers here
@@ -113,11 +131,15 @@ class BatchStream:
     def __next__(self) -> Any:
         if self._it is None:
             self._it = self._new_iterator()
+            self.since_start = 0
         try:
-            return next(self._it)
+            batch = next(self._it)
+            self.since_start += 1
+            return batch
         except StopIteration:
             self.epochs += 1
             self._it = self._new_iterator()
+            self.since_start = 1
             try:
                 return next(self._it)
             except StopIteration:
@@ -234,6 +256,7 @@ def measure_throughput(
     batch_size = 0
     startup = 0.0
     computes: list[float] = []
+    startup_windows: list[int] = []
     try:
         for i in range(skip + 1):
             batch = _next(stream)
@@ -247,14 +270,18 @@ def measure_throughput(
                 computes.append(time.perf_counter() - c0)
             _check_deadline(deadline, results)
         for _ in range(windows):
-            t0, samples = time.perf_counter(), 0
+            t0, samples, restarted = time.perf_counter(), 0, False
             for _ in range(steps):
                 batch = _next(stream)
+                # a new epoch's first skip + 1 batches carry its workers' start-up, as the first epoch's did
+                restarted |= workers > 0 and stream.since_start <= skip + 1
                 _step(step_fn, model, batch, device)
                 samples += batch_size_of(batch)
                 _check_deadline(deadline, results)
             synchronize(device)
             results.append(samples / max(time.perf_counter() - t0, 1e-9))
+            if restarted:
+                startup_windows.append(len(results) - 1)
             batch_size = max(batch_size, samples // steps)
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -267,7 +294,8 @@ def measure_throughput(
         raise TrialFailed("worker_died", f"{len(killed)} worker(s) did not exit and were killed")
     return Measurement(windows=tuple(results), steps_per_window=steps, batch_size=batch_size,
                        startup_s=startup, elapsed_s=time.perf_counter() - t_start,
-                       compute_s=float(statistics.median(computes)) if computes else 0.0)
+                       compute_s=float(statistics.median(computes)) if computes else 0.0,
+                       startup_windows=tuple(startup_windows))
 
 
 class _OutOfTime(Exception):

@@ -58,10 +58,41 @@ def _is_empty(transform: Any) -> bool:
     return steps is not None and len(steps) == 0
 
 
-def plan_gpu_offload(dataset: Any) -> tuple[GpuOffload | None, str]:
+class KeptOnCpu:
+    """Transforms the split must leave on the CPU, run as one opaque (picklable) step."""
+
+    def __init__(self, transforms: list[Any]) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, img: Any) -> Any:
+        for t in self.transforms:
+            img = t(img)
+        return img
+
+    def __repr__(self) -> str:
+        return f"KeptOnCpu({', '.join(type(t).__name__ for t in self.transforms)})"
+
+
+def _bitwise_only(transform: Any) -> Any | None:
+    """``transform`` with everything up to its last Resize wrapped in :class:`KeptOnCpu`, so a split
+    can move only the bit-identical tail; None when it has no Resize to hold back."""
+    steps = getattr(transform, "transforms", None)
+    if steps is None:
+        return None
+    steps = list(steps)
+    last = max((i for i, t in enumerate(steps) if type(t).__name__ == "Resize"), default=None)
+    if last is None:
+        return None
+    return type(transform)([KeptOnCpu(steps[:last + 1]), *steps[last + 1:]])
+
+
+def plan_gpu_offload(dataset: Any, exact: bool = False) -> tuple[GpuOffload | None, str]:
     """Split ``dataset.transform`` with :func:`pipeline_opt.transforms.split_transforms`.
 
-    Returns ``(plan, "")`` or ``(None, why not)``.
+    Returns ``(plan, "")`` or ``(None, why not)``. With ``exact``, only bit-identical transforms
+    move (``ToFloat``, ``ConvertDtype``, ``Normalize``, ``CenterCrop``): a Resize (within 1/255 of
+    PIL on the device, :mod:`pipeline_opt.tune.exactness`) and everything before it stay on the CPU;
+    the second element then says what was held back, also when a plan remains.
     """
     transform = getattr(dataset, "transform", None)
     if transform is None:
@@ -70,12 +101,18 @@ def plan_gpu_offload(dataset: Any) -> tuple[GpuOffload | None, str]:
         from pipeline_opt.transforms import split_transforms
 
         cpu, gpu = split_transforms(transform)
+        held = ""
+        if exact and any(name == "Resize" for name in transform_names(gpu)):
+            held = ("Resize stays on the CPU (exact=True): on the device it is within 1/255 of PIL bilinear, "
+                    "not bit-identical")
+            narrowed = _bitwise_only(transform)
+            cpu, gpu = split_transforms(narrowed) if narrowed is not None else (transform, None)
     except (TypeError, ValueError) as exc:
         return None, f"the transform cannot be split: {exc}"
     if _is_empty(gpu):
-        return None, "no transform of the dataset can run on the device"
+        return None, held or "no transform of the dataset can run on the device"
     return GpuOffload(cpu_transform=None if _is_empty(cpu) else cpu, gpu_transform=gpu,
-                      names=transform_names(gpu)), ""
+                      names=transform_names(gpu)), held
 
 
 def _first_step(transform: Any) -> Any:

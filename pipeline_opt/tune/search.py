@@ -6,7 +6,10 @@ injected numbers. The rules:
 
 * The baseline (the loader as given) is measured first; a baseline that fails is the user's
   pipeline failing, and the error propagates.
-* Noise is measured, not assumed: the half-spread of the baseline's repeat windows, and the
+* Noise is measured, not assumed, on steady-state windows only (a window holding a worker
+  start-up or an epoch's restart, ``Measurement.startup_windows``, or a profile's steps on the queue
+  its workers filled during their start-up, is left out: one such window read ±605% "noise" and
+  made every gain look like noise): the half-spread of the baseline's repeat windows, and the
   relative difference between repeated measurements of the baseline (the baseline and the first
   guess are measured interleaved, A B A B). The larger is the noise. Windows of the baseline's
   profile stand in for a baseline trial only until one is measured (:meth:`Search.evidence`). Repeats of a candidate feed
@@ -46,6 +49,7 @@ injected numbers. The rules:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -72,20 +76,69 @@ class Evaluator(Protocol):
     def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float: ...
 
 
+def _pct(x: float, signed: bool = True) -> str:
+    """A relative change as a percentage: one decimal below 10% (``+4.2%``), whole percents above (``+35%``)."""
+    sign = "+" if signed else ""
+    return f"{x:{sign}.1%}" if abs(x) < 0.1 else f"{x:{sign}.0%}"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A candidate median against a reference median: the relative gain, the threshold it had to
+    beat, and the finding in plain words (without the decision, so a caller may add a tie rule)."""
+
+    accepted: bool
+    gain: float  # candidate / reference - 1
+    threshold: float  # max(noise, min_gain, spread)
+    finding: str  # e.g. "42% slower (noise ±12%)", "+4.0% is inside the measured noise ±12%"
+
+    @property
+    def decision(self) -> str:
+        """``kept``; ``rolled back`` for a loss beyond the threshold; ``not kept`` for a change inside it."""
+        if self.accepted:
+            return "kept"
+        return "rolled back" if self.gain < -self.threshold else "not kept"
+
+    @property
+    def sentence(self) -> str:
+        return f"{self.finding}: {self.decision}"
+
+
+def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN,
+          spread: float = 0.0) -> Judgement:
+    """How ``candidate`` (median samples/s) compares with ``incumbent``, in words a user can act on.
+
+    A gain counts only beyond ``max(noise, min_gain, spread)``; the sentence names which of the
+    three set that threshold, so "inside the measured noise" is said only of changes that are.
+    """
+    if incumbent <= 0:
+        return Judgement(candidate > 0, 0.0, 0.0, "the incumbent measured no throughput")
+    gain = candidate / incumbent - 1.0
+    threshold = max(noise, min_gain, spread)
+    context = f"noise ±{_pct(noise, False)}" + (f", window spread ±{_pct(spread, False)}" if spread > noise else "")
+    if gain > threshold:
+        return Judgement(True, gain, threshold, f"{_pct(gain)} faster ({context})")
+    if gain < -threshold:
+        return Judgement(False, gain, threshold, f"{_pct(-gain, False)} slower ({context})")
+    if threshold == noise and noise > 0:
+        inside = f"inside the measured noise ±{_pct(noise, False)}"
+    elif threshold == spread and spread > 0:
+        inside = f"inside the trials' own window spread ±{_pct(spread, False)} (noise ±{_pct(noise, False)})"
+    else:
+        inside = f"inside the {_pct(min_gain, False)} minimum gain (noise ±{_pct(noise, False)})"
+    return Judgement(False, gain, threshold, f"{_pct(gain)} is {inside}")
+
+
 def accept(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN,
            spread: float = 0.0) -> tuple[bool, str]:
-    """Whether a candidate median beats the incumbent median beyond the noise; and the sentence why.
+    """Whether a candidate median beats the incumbent median beyond the noise; and the sentence why,
+    ending in the decision: ``"+35% faster (noise ±12%): kept"``, ``"42% slower (noise ±12%): rolled
+    back"``, ``"+4.0% is inside the measured noise ±12%: not kept"``.
 
     ``spread`` is the half relative spread of the two trials' windows (0 when not considered).
     """
-    if incumbent <= 0:
-        return candidate > 0, "the incumbent measured no throughput"
-    gain = candidate / incumbent - 1.0
-    threshold = max(noise, min_gain, spread)
-    basis = f"noise ±{noise:.1%}, " + (f"window spread ±{spread:.1%}, " if spread else "") + f"minimum {min_gain:.0%}"
-    if gain > threshold:
-        return True, f"{gain:+.1%} beats the threshold ±{threshold:.1%} ({basis})"
-    return False, f"{gain:+.1%} is within the threshold ±{threshold:.1%} ({basis})"
+    j = judge(candidate, incumbent, noise, min_gain, spread)
+    return j.accepted, j.sentence
 
 
 def clear_win(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN) -> bool:
@@ -124,6 +177,15 @@ class SearchOutcome:
     trials: tuple[Trial, ...]
     not_tried: tuple[str, ...]
     verdict: str  # one sentence: what won, or that nothing did
+
+    @property
+    def speedup(self) -> float:
+        """The one speedup figure of a tuning run: the pooled median throughput of ``best`` over the
+        baseline's, every window of their trials (interleaved, the final check's included); exactly
+        1.0 when the loader as given is returned."""
+        if self.best == self.baseline:
+            return 1.0
+        return self.best_throughput / max(self.baseline_throughput, 1e-12)
 
 
 class BaselineFailed(Exception):
@@ -190,23 +252,24 @@ class Search:
 
     def window_spread(self, candidate: Measurement, incumbent: LoaderConfig) -> float:
         """Half the relative window spread of ``candidate`` or of ``incumbent``'s trials (their median),
-        whichever is larger."""
-        earlier = [x.spread for x in self.evidence(incumbent)]
-        return max(candidate.spread, statistics.median(earlier) if earlier else 0.0) / 2
+        whichever is larger; steady-state windows only (:attr:`Measurement.steady_spread`)."""
+        earlier = [x.steady_spread for x in self.evidence(incumbent)]
+        return max(candidate.steady_spread, statistics.median(earlier) if earlier else 0.0) / 2
 
     def _update_noise(self) -> None:
         noise = 0.0
         base = self.evidence(self.baseline) if self.baseline is not None else []
         if base:
-            noise = statistics.median(m.spread for m in base) / 2
+            noise = statistics.median(m.steady_spread for m in base) / 2
             noise = max(noise, repeat_noise([m.median for m in base]))
         self.noise = noise
 
     def _record(self, cfg: LoaderConfig, m: Measurement | None, accepted: bool, reason: str, status: str = "ok",
                 elapsed: float = 0.0) -> None:
         trial = Trial(config=cfg.to_dict(), throughput=0.0 if m is None else m.median,
-                      spread=0.0 if m is None else m.spread, accepted=accepted, reason=reason, status=status,
-                      windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s)
+                      spread=0.0 if m is None else m.steady_spread, accepted=accepted, reason=reason, status=status,
+                      windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s,
+                      startup_windows=() if m is None else m.startup_windows)
         self.trials.append(trial)
         if self.on_trial is not None:
             self.on_trial(trial)
@@ -300,8 +363,9 @@ class Search:
         m = self._run(cfg, why)
         if m is None:
             return False
-        ok, verdict = accept(m.median, self.reference(incumbent), self.noise, self.min_gain,
-                             spread=self.window_spread(m, incumbent))
+        j = judge(m.median, self.reference(incumbent), self.noise, self.min_gain,
+                  spread=self.window_spread(m, incumbent))
+        ok, verdict = j.accepted, j.finding
         if not ok and self._ties_with_fewer_workers(cfg, m, incumbent):
             ok = True
             verdict += (f", but not slower ({m.median:,.1f}/s against {self.median(incumbent):,.1f}/s pooled) "
@@ -310,8 +374,12 @@ class Search:
             ok = True
             verdict += (f", but not slower beyond the {self.min_gain:.0%} minimum ({m.median:,.1f}/s against "
                         f"{self.median(incumbent):,.1f}/s pooled) through shared slots ({SLOTS_TIE_REASON})")
-        tail = f"kept over {incumbent.label()}" if ok else f"rolled back to {incumbent.label()}"
-        self._record(cfg, m, ok, f"{why}: {verdict}; {tail}")
+        if ok:
+            tail = f"kept over {incumbent.label()}"
+        else:
+            tail = f"not kept ({incumbent.label()} stays)" if j.decision == "not kept" \
+                else f"rolled back to {incumbent.label()}"
+        self._record(cfg, m, ok, f"{why}: {verdict}: {tail}")
         if ok:
             self._make_incumbent(cfg)
         return ok
@@ -358,9 +426,9 @@ class Search:
         if target == self.baseline:
             tail = "returning the original settings"
         else:
-            gain = self.median(target) / max(self.median(self.baseline), 1e-12)
+            gain = self.median(target) / max(self.median(self.baseline), 1e-12) - 1.0
             tail = (f"falling back to {target.label()}, kept earlier and still holding up against the baseline "
-                    f"({gain:.2f}x pooled)")
+                    f"({_pct(gain)} pooled)")
         self._record(loser, None, False, f"{check}: {verdict}; {tail}", status="skipped")
 
     def _slots_tie(self, slots_median: float, reference_median: float) -> bool:
@@ -389,7 +457,8 @@ class Search:
             return
         if clear_win(self.median(guess), self.median(base), self.noise, self.min_gain):
             self.skip("A B A B repeats of the baseline",
-                      f"{self.median(guess) / max(self.median(base), 1e-12):.2f}x the baseline is far beyond any noise")
+                      f"the first guess measured {_pct(self.median(guess) / max(self.median(base), 1e-12) - 1.0)} "
+                      "over the baseline, far beyond any noise")
             if self.incumbent == guess:  # every later candidate is compared with it: one trial is too few
                 self._repeat(guess, f"repeat of {guess.label()} (the incumbent every later candidate is "
                                     "compared with)")
@@ -397,13 +466,14 @@ class Search:
         if not (self._repeat(base, "repeat of the baseline (A B A B noise estimate)")
                 and self._repeat(guess, f"repeat of {guess.label()} (A B A B noise estimate)")):
             return
-        ok, verdict = accept(self.median(guess), self.median(base), self.noise, self.min_gain)
+        j = judge(self.median(guess), self.median(base), self.noise, self.min_gain)
+        ok = j.accepted
         if ok != (self.incumbent == guess):
             self._make_incumbent(guess if ok else base)
             if not ok:  # rejected on the pooled evidence: no later fall-back may bring it back
                 self.kept.remove(guess)
-            self._record(guess, None, ok, f"pooled A B A B decision: {verdict}; incumbent is now "
-                         f"{self.incumbent.label()}", status="skipped")
+            self._record(guess, None, ok, f"pooled A B A B decision against the baseline: {j.sentence}; "
+                         f"incumbent is now {self.incumbent.label()}", status="skipped")
 
     def tune_workers(self, why: str = "num_workers") -> None:
         """Hill-climb num_workers from the incumbent (doubling, halving, quarter steps) within the budget."""
@@ -438,14 +508,15 @@ class Search:
             return
         if clear_win(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain):
             self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
-                      f"{self.median(self.incumbent) / max(self.median(self.baseline), 1e-12):.2f}x the baseline, "
-                      "far beyond any noise")
+                      f"{_pct(self.median(self.incumbent) / max(self.median(self.baseline), 1e-12) - 1.0)} over the "
+                      "baseline, far beyond any noise")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):
             return
         fresh_best, fresh_base = self.history[self.incumbent][-1].median, self.history[self.baseline][-1].median
-        ok, verdict = accept(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+        j = judge(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+        ok, verdict = j.accepted, j.finding
         if not ok and self._slots_tie_with_baseline():
             return
         if ok and fresh_best <= fresh_base:
@@ -458,18 +529,20 @@ class Search:
         """The decision. A winner whose pooled gain over the baseline no longer beats the (final)
         noise, e.g. because a later baseline repeat raised it, is not returned."""
         if self.incumbent != self.baseline:
-            ok, verdict = accept(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+            j = judge(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain)
+            ok, verdict = j.accepted, j.finding
             if not ok and not self._slots_tie_with_baseline():
                 self._fall_back(self.incumbent, verdict, "pooled against the baseline")
         best, base = self.incumbent, self.baseline
+        out = SearchOutcome(best=best, baseline=base, best_throughput=self.median(best),
+                            baseline_throughput=self.median(base), noise=self.noise, trials=tuple(self.trials),
+                            not_tried=tuple(self.not_tried), verdict="")
         if best == base:
             verdict = "nothing beat the loader as given beyond the noise; the original settings are returned"
         else:
-            gain = self.median(best) / max(self.median(base), 1e-12)
-            verdict = f"{best.label()} is {gain:.2f}x the baseline ({base.label()}), noise ±{self.noise:.1%}"
+            verdict = (f"{best.label()} is {out.speedup:.2f}x the baseline ({base.label()}), "
+                       f"noise ±{_pct(self.noise, False)}")
             if self._slots_tie_with_baseline() and not accept(self.median(best), self.median(base), self.noise,
                                                               self.min_gain)[0]:
                 verdict += f": not slower, kept on the shared-slots tie rule ({SLOTS_TIE_REASON})"
-        return SearchOutcome(best=best, baseline=base, best_throughput=self.median(best),
-                             baseline_throughput=self.median(base), noise=self.noise, trials=tuple(self.trials),
-                             not_tried=tuple(self.not_tried), verdict=verdict)
+        return dataclasses.replace(out, verdict=verdict)

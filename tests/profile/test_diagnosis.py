@@ -132,3 +132,10 @@ def test_a_batch_copied_again_to_be_sent_is_named_from_8_mib():
     assert any("holds 4 MiB" in e for e in small.evidence)
     compute = diagnose(_gpu(unshared_batch_bytes=79 << 20))
     assert compute.bottleneck == "compute" and not any("default_collate" in r for r in compute.recommendations)
+
+
+def test_throughput_above_the_limit_says_the_limit_is_unreliable():
+    above = diagnose(_gpu(throughput=1300.0, limit_throughput=1000.0)).evidence
+    assert any("could not be measured reliably" in e for e in above) and not any("130%" in e for e in above)
+    below = diagnose(_gpu(throughput=250.0, limit_throughput=1000.0)).evidence
+    assert any("= 25% of the 1000.0 samples/s" in e for e in below)

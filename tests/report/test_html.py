@@ -104,3 +104,16 @@ def test_report_renders_plots_in_headless_chromium(tmp_path, sample_tune):
     for colour, minimum in ((H.DATA_WAIT_COLOR, 5000), (H.COMPUTE_COLOR, 5000), (H.H2D_COLOR, 300),
                             (H.ACCEPTED_COLOR, 2000), (H.REJECTED_COLOR, 2000)):
         assert _count_colour(img, colour) >= minimum, f"too few {colour} pixels: plot missing"
+
+
+def test_tune_html_names_every_change_that_alters_pixels():
+    import dataclasses
+
+    from pipeline_opt.tune.exactness import PixelChange
+
+    draft = PixelChange("JPEG draft decoding", "decode", "decode=draft", 1.12, 14.0, 12, note=EVIL)
+    page = render_tune_html(dataclasses.replace(make_tune(), exactness="decode", pixel_changes=(draft,)).to_dict())
+    _assert_self_contained(page)
+    assert "Not bit-for-bit identical" in page and "1.12/255" in page and "14/255" in page
+    assert "decode=draft" in page and EVIL not in page
+    assert "Bit-for-bit identical to the loader as given" in render_tune_html(make_tune().to_dict())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline_opt.tune.budget import compute_budget
@@ -62,7 +64,37 @@ def test_accept_rule():
     assert not accept(108, 100, noise=0.10)[0]
     assert not accept(102, 100, noise=0.0, min_gain=0.03)[0]  # the minimum gain applies with no noise
     ok, why = accept(130, 100, noise=0.2)
-    assert ok and "+30.0%" in why and "±20.0%" in why
+    assert ok and why == "+30% faster (noise ±20%): kept"
+
+
+def test_reasons_say_what_happened_in_plain_words():
+    # a clear loss beyond the threshold is a loss, not "within the threshold"
+    ok, why = accept(58.3, 100, noise=0.12)
+    assert not ok and why == "42% slower (noise ±12%): rolled back"
+    assert "within" not in why and "threshold" not in why
+    # a gain inside the measured noise
+    ok, why = accept(104, 100, noise=0.12)
+    assert not ok and why == "+4.0% is inside the measured noise ±12%: not kept"
+    # a loss inside the noise is not called a rollback of a real loss
+    ok, why = accept(97, 100, noise=0.12)
+    assert not ok and why.endswith("is inside the measured noise ±12%: not kept") and why.startswith("-3.0%")
+    # the minimum gain, and the trials' own window spread, are named when they set the bar
+    ok, why = accept(102, 100, noise=0.0, min_gain=0.03)
+    assert not ok and "inside the 3.0% minimum gain" in why and why.endswith(": not kept")
+    ok, why = accept(110, 100, noise=0.05, spread=0.15)
+    assert not ok and "inside the trials' own window spread ±15%" in why
+    ok, why = accept(50, 100, noise=0.05, spread=0.15)
+    assert not ok and why == "50% slower (noise ±5.0%, window spread ±15%): rolled back"
+
+
+def test_judgement_separates_the_finding_from_the_decision():
+    from pipeline_opt.tune.search import clear_win, judge
+
+    j = judge(58.3, 100, noise=0.12)
+    assert (j.accepted, j.decision, j.finding) == (False, "rolled back", "42% slower (noise ±12%)")
+    assert j.gain == pytest.approx(-0.417) and j.threshold == pytest.approx(0.12)
+    assert judge(135, 100, noise=0.12).sentence == "+35% faster (noise ±12%): kept"
+    assert not clear_win(58.3, 100, noise=0.12) and clear_win(900, 100, noise=0.12)
 
 
 def test_repeat_noise():
@@ -138,7 +170,8 @@ def test_a_tie_with_fewer_workers_replaces_a_tuned_incumbent():
     out = s.outcome()
     assert out.best == LoaderConfig(4)
     tie = next(t for t in out.trials if t.config["num_workers"] == 4)
-    assert tie.accepted and "fewer workers (4 < 8)" in tie.reason and "within the threshold" in tie.reason
+    assert tie.accepted and "fewer workers (4 < 8)" in tie.reason and "is inside the" in tie.reason
+    assert "kept over workers=8" in tie.reason
     assert not next(t for t in out.trials if t.config["num_workers"] == 5).accepted
 
 
@@ -243,7 +276,8 @@ def test_a_gain_within_the_candidates_own_window_spread_is_rolled_back():
     s = Search(ev, _budget(), deadline=100.0, clock=clock)
     s.start(LoaderConfig(4))
     assert not s.try_change("prefetch 2 -> 1", prefetch_factor=1)
-    assert "window spread ±15.0%" in s.trials[-1].reason
+    assert "inside the trials' own window spread ±15%" in s.trials[-1].reason
+    assert s.trials[-1].reason.endswith("not kept (workers=4 prefetch=2 stays)")
     assert s.try_change("prefetch 2 -> 4", prefetch_factor=4)  # the same gain with steady windows is kept
     assert s.incumbent == LoaderConfig(4, prefetch_factor=4)
 
@@ -282,7 +316,7 @@ def test_the_tuner_keeps_shared_slots_when_they_win_or_tie_and_not_when_slower()
     assert out.best.shared_slots  # within the minimum gain but not slower: the tie rule keeps them
     assert "shared-slots tie rule" in out.verdict
     slots = next(t for t in out.trials if t.config["shared_slots"])
-    assert slots.accepted and "within the threshold" in slots.reason and "through shared slots" in slots.reason
+    assert slots.accepted and "is inside the" in slots.reason and "through shared slots" in slots.reason
     out, _ = _flags_search(lambda c: 98.0 if c.shared_slots else 100.0)
     assert out.best.shared_slots  # 2% slower: within the 3% minimum gain either way, still a tie
     out, _ = _flags_search(lambda c: 96.0 if c.shared_slots else 100.0)
@@ -337,7 +371,7 @@ def test_a_winner_failing_the_final_check_falls_back_to_the_earlier_step_that_st
     s, out = _two_tie_search([100.0])
     assert out.best == LoaderConfig(8, shared_slots=True)
     fell = [t for t in out.trials if t.status == "skipped" and "final check" in t.reason]
-    assert len(fell) == 1 and "falling back to workers=8" in fell[0].reason and "1.01x pooled" in fell[0].reason
+    assert len(fell) == 1 and "falling back to workers=8" in fell[0].reason and re.search(r"\+1\.\d% pooled", fell[0].reason)
     assert "shared-slots tie rule" in out.verdict
 
 
