@@ -91,7 +91,7 @@ def test_a_warp_that_loses_gives_the_workers_their_warp_back(pipe):
     fake = ThreeWayMeasure(pipe.dataset, cpu=100.0, colour=130.0, warp=120.0)
     decide_yolo_augment(pipe, measure=fake)
     warp = pipe.affine_decision
-    assert not warp.applied and "the workers keep the warp (no gain beyond the noise)" in warp.verdict
+    assert not warp.applied and "7.7% slower (noise ±1.0%); the workers keep the warp" in warp.verdict
     assert pipe.gpu_augment_active and not pipe.gpu_affine_active and not pipe.augment.warps
     assert (perspective.translate, perspective.scale) == gains and gains != (0.0, 0.0)
     assert "apply_image" not in vars(perspective)  # the class's warp again, not the crop

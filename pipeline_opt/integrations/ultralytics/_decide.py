@@ -4,7 +4,7 @@ Moving RandomHSV / RandomFlip from the workers to the device frees CPU time, but
 in the step: on a CPU-bound host it wins, on a launch-bound one (the default loader already keeps
 the GPU fed) it loses. :func:`decide_gpu_augment` measures both, interleaved A B A B, with the
 tuner's own machinery (:func:`pipeline_opt.tune.measure.measure_throughput` on a fresh clone of
-the loader per trial; :func:`pipeline_opt.tune.search.accept` for the verdict), and keeps the GPU
+the loader per trial; :func:`pipeline_opt.tune.search.judge` for the verdict), and keeps the GPU
 augmentation only when its pooled median beats the CPU one by more than ``max(noise, 3%)``.
 Otherwise the CPU stages are given back and the step is left unwrapped.
 
@@ -40,7 +40,7 @@ from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.measure import Measurement, TrialFailed
-from pipeline_opt.tune.search import MIN_GAIN, accept, repeat_noise
+from pipeline_opt.tune.search import MIN_GAIN, judge, repeat_noise
 
 log = get_logger("integrations.ultralytics")
 
@@ -374,10 +374,10 @@ def _verdict(runs: dict[str, list[Measurement]], order: list[str], failure: str,
         why = failure or "no complete CPU / GPU pair was measured"
         applied, verdict = False, f"{why}; {sides.stays}"
     else:
-        ok, sentence = accept(gpu_tp, cpu_tp, noise, min_gain)
-        applied = ok and not gpu_broke
+        judged = judge(gpu_tp, cpu_tp, noise, min_gain)
+        applied = judged.accepted and not gpu_broke
         verdict = (f"{sides.on} {gpu_tp:.1f} vs {sides.off} {cpu_tp:.1f} samples/s over {pairs} A B pair(s): "
-                   f"{sentence}; " + (sides.kept if applied else f"{sides.stays} (no gain beyond the noise)"))
+                   f"{judged.finding}; " + (sides.kept if applied else sides.stays))
         if failure:
             verdict += f"; {failure}"
     return AugmentDecision(applied=applied, cpu_throughput=cpu_tp, gpu_throughput=gpu_tp, noise=noise,
