@@ -290,6 +290,12 @@ def recognise(compose: Any, same_distribution: bool = False) -> tuple[ReplayStep
 
 # ---------------------------------------------------------------------------------------- sampling
 
+def _make_params(t: Any, flat_inputs: list[Any]) -> dict[str, Any]:
+    """A v2 transform's parameter sampling: ``make_params`` (torchvision >= 0.21), ``_get_params`` before."""
+    fn = getattr(t, "make_params", None)
+    return (fn if fn is not None else t._get_params)(flat_inputs)
+
+
 def _shape_only(channels: int, height: int, width: int) -> torch.Tensor:
     """A tensor of shape (C, H, W) with no storage: the sampling functions read only its size."""
     return torch.empty((), dtype=torch.uint8).expand(channels, height, width)
@@ -375,7 +381,7 @@ def _sample_resized_crop(step: ReplayStep, c: int, h: int, w: int, patches: list
     if step.api == "v1":
         top, left, bh, bw = t.get_params(_shape_only(c, h, w), t.scale, t.ratio)
     else:
-        p = t.make_params([_shape_only(c, h, w)])
+        p = _make_params(t, [_shape_only(c, h, w)])
         top, left, bh, bw = p["top"], p["left"], p["height"], p["width"]
     return [top, left, bh, bw]
 
@@ -384,7 +390,7 @@ def _sample_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> lis
     t = step.transform
     th, tw = step.options["size"]
     if step.api == "v2":
-        p = t.make_params([_shape_only(c, h, w)])
+        p = _make_params(t, [_shape_only(c, h, w)])
         left, top, right, bottom = p["padding"] if p["needs_pad"] else (0, 0, 0, 0)
         return [left, top, right, bottom, 0, 0, 0, 0, p["top"], p["left"]]
     # v1 forward: pad with ``padding``, then pad_if_needed (width, then height), then get_params
@@ -410,7 +416,7 @@ def _sample_color_jitter(step: ReplayStep, c: int, h: int, w: int, patches: list
     if step.api == "v1":
         order, b, ct, s, hue = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
     else:
-        p = t.make_params([_shape_only(c, h, w)])
+        p = _make_params(t, [_shape_only(c, h, w)])
         order, b, ct, s, hue = (p["fn_idx"], p["brightness_factor"], p["contrast_factor"],
                                 p["saturation_factor"], p["hue_factor"])
     factors = [math.nan if v is None else float(v) for v in (b, ct, s, hue)]
@@ -434,7 +440,7 @@ def _sample_erase(step: ReplayStep, c: int, h: int, w: int, patches: list) -> li
     else:
         if torch.rand(1) >= t.p:
             return [0.0, 0, 0, 0, 0]
-        p = t.make_params([_shape_only(c, h, w)])
+        p = _make_params(t, [_shape_only(c, h, w)])
         if p["v"] is None:
             return [0.0, 0, 0, 0, 0]
         top, left, eh, ew, v = p["i"], p["j"], p["h"], p["w"], p["v"]
