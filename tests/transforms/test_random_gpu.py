@@ -94,6 +94,17 @@ def test_pixels_match_the_cpu_pipeline(folder, name):
     assert "end to end" in parity.table()
 
 
+def test_device_stage_draws_nothing(folder):
+    """Replaying consumes no torch RNG: with num_workers=0 the draws stay the CPU pipeline's."""
+    ds = ImageFolder(str(folder), transform=PIPELINES["v1-imagenet"]())
+    replay = ReplayDataset.from_image_folder(ds)
+    batch = replay_collate([replay[i] for i in range(6)])
+    pipeline = RandomGpuPipeline(replay.sampler, device="cpu")
+    state = torch.get_rng_state()
+    pipeline(batch)
+    assert torch.equal(state, torch.get_rng_state())
+
+
 def test_pipeline_output_dtype_and_labels(folder):
     ds = ImageFolder(str(folder), transform=PIPELINES["v1-crop-pad"]())
     replay = ReplayDataset.from_image_folder(ds)
