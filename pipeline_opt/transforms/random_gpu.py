@@ -48,6 +48,12 @@ except ImportError as e:  # pragma: no cover - exercised by the no-kornia test t
         "pipeline_opt.transforms.random_gpu needs Kornia (kornia>=0.9), which is not installed: "
         "pip install 'pipeline-opt[gpu]' (or pip install 'kornia>=0.9')") from e
 
+try:  # marks a matrix function that reads only the input's shape, so Kornia does not keep the batch alive
+    from kornia.augmentation._2d.base import _input_metadata_only
+except ImportError:  # pragma: no cover - a Kornia without the marker computes the matrix eagerly instead
+    def _input_metadata_only(method):
+        return method
+
 from pipeline_opt._logging import get_logger
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms import replay_kernels as K
@@ -265,6 +271,7 @@ class ReplayHorizontalFlip(_Replay, _KorniaHFlip):
         _KorniaHFlip.__init__(self, p=step.options["p"])
         self._init_step(step, ("hflip",))
 
+    @_input_metadata_only
     def compute_transformation(self, input: torch.Tensor, params: dict, flags: dict) -> torch.Tensor:
         return _flip_matrix(input, params, axis=0)
 
@@ -279,6 +286,7 @@ class ReplayVerticalFlip(_Replay, _KorniaVFlip):
         _KorniaVFlip.__init__(self, p=step.options["p"])
         self._init_step(step, ("vflip",))
 
+    @_input_metadata_only
     def compute_transformation(self, input: torch.Tensor, params: dict, flags: dict) -> torch.Tensor:
         return _flip_matrix(input, params, axis=1)
 
@@ -474,7 +482,9 @@ class RandomGpuPipeline(torch.nn.Module):
         batch = [(s, m) for s, m in mods[last_geometric + 1:] if m is not None]
         self.per_sample = torch.nn.ModuleList([m for _, m in self._per_sample])
         self._batch_steps = tuple(s for s, _ in batch)
-        self.augment = AugmentationSequential(*[m for _, m in batch]) if batch else None
+        # no box / mask keys here: skip Kornia's chained transformation matrix (pure overhead per batch)
+        self.augment = (AugmentationSequential(*[m for _, m in batch], transformation_matrix_mode="skip")
+                        if batch else None)
         self.then = then
         self.out_uint8 = not any(s.kind == "to_float" for s in steps)
         self._erase_random = [s for s in steps if s.kind == "erase" and s.options["value"] is None]

@@ -54,8 +54,7 @@ class Tolerance:
     """Accepted error of the replay against the CPU pipeline, in pixel levels (1 = 1/255).
 
     The mean bounds the whole output; no maximum is bounded, because a one-level resize
-    difference can move a hue by several levels on near-grey pixels (measured up to 9 levels on
-    single pixels with libjpeg, see docs/gpu_ops.md)."""
+    difference can move the hue of a near-grey pixel by several levels (docs/gpu_ops.md)."""
 
     mean_levels_cpu_decode: float = 0.5  # decode_jpeg on CPU is libjpeg, as Pillow: only the resize rounding differs
     mean_levels_nvjpeg: float = 2.0  # nvJPEG's IDCT / chroma upsampling differ from libjpeg by a few levels
