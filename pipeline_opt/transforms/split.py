@@ -19,6 +19,11 @@ in size, and so are the images at the start of a tail that does not change sizes
 transforms are never moved and never dropped; nothing after them moves either (no reordering).
 If no tail can start from a uint8 image (e.g. the pipeline is float before its last unknown op),
 nothing moves and the reason is recorded.
+
+Random transforms move with :func:`split_random_transforms` instead: the CPU part keeps only their
+parameter sampling (:class:`~pipeline_opt.transforms.replay.ReplaySampler`, run on the JPEG
+header, same draws as the original) and the GPU part decodes and replays everything
+(:class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline`, Kornia augmentations).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from torchvision.transforms import InterpolationMode
 from pipeline_opt._logging import get_logger
 from pipeline_opt.transforms import gpu
 
-__all__ = ["GpuPipeline", "ToUint8CHW", "offload_dataset_transform", "split_transforms"]
+__all__ = ["GpuPipeline", "ToUint8CHW", "offload_dataset_transform", "split_random_transforms", "split_transforms"]
 
 log = get_logger("transforms.split")
 
@@ -256,6 +261,36 @@ def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[An
                            reason=reason)
     log.info("split_transforms: moved %s to the GPU, kept %s", list(moved), list(gpu_part.kept))
     return cpu_part, gpu_part
+
+
+def split_random_transforms(compose: Any, then: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                            device: torch.device | str | None = None,
+                            same_distribution: bool = False) -> tuple[Any, Any]:
+    """Split a training ``compose`` (random crops, flips, colour jitter, erasing...) into
+    ``(sampler, gpu_part)``: parameters on the CPU, pixels on the device, the same draws.
+
+    ``sampler`` (a :class:`~pipeline_opt.transforms.replay.ReplaySampler`) is the whole CPU part:
+    ``sampler.sample(height, width)`` draws one image's parameters exactly as the Compose would
+    (same torch RNG calls, same order), from the size alone; use it through
+    :class:`~pipeline_opt.transforms.replay.ReplayDataset` (reads the size from the JPEG header)
+    and :func:`~pipeline_opt.transforms.replay.replay_collate`. ``gpu_part`` (a
+    :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline`) decodes the collated batch on
+    ``device`` and replays every transform there; ``then`` — e.g. the user's own
+    ``kornia.augmentation.AugmentationSequential`` — runs after it on the float batch with its own
+    draws. ``same_distribution=True`` also moves AutoAugment / RandAugment / TrivialAugmentWide,
+    drawn on the device: same distribution, not same draws (``sampler.same_draws`` is then False).
+
+    Raises :class:`~pipeline_opt.transforms.replay.UnsupportedTransform` (a ``ValueError``) naming
+    the transform that cannot be replayed, and ``ImportError`` (``pip install 'pipeline-opt[gpu]'``)
+    when Kornia is missing. Deterministic pipelines keep using :func:`split_transforms`.
+    """
+    from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
+    from pipeline_opt.transforms.replay import ReplaySampler
+
+    sampler = ReplaySampler.from_compose(compose, same_distribution=same_distribution)
+    gpu_part = RandomGpuPipeline(sampler, device=device, then=then)
+    log.info("split_random_transforms: replaying %s on %s", [s.name for s in sampler.steps], gpu_part.device)
+    return sampler, gpu_part
 
 
 def _find_transform_owner(dataset: Any) -> list[Any]:

@@ -1,0 +1,527 @@
+"""Random augmentations replayed: parameters drawn on the CPU, pixels made on the device.
+
+A torchvision training pipeline such as ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
+``ColorJitter(...)``, ``ToTensor()``, ``Normalize(...)``, ``RandomErasing()`` spends its CPU time on
+pixels (decode, resample, colour), not on its random draws. Here the worker keeps the draws and
+drops the pixels:
+
+1. :func:`recognise` turns the Compose into :class:`ReplayStep` s — one per transform, with the
+   arithmetic the CPU pipeline uses at that point (*flavour*: PIL image, uint8 tensor or float
+   tensor) — or says which transform cannot be replayed.
+2. :class:`ReplaySampler` calls each original transform's own parameter sampling (v1
+   ``get_params`` / v2 ``make_params``, ``torch.rand(1) < p`` for the probabilistic ones) in the
+   order and with the RNG calls its ``forward`` makes, on an image of the size read from the JPEG
+   header: with the same seed it draws the same crop boxes, flip bits, colour factors and order,
+   erase boxes and values as the original pipeline, and leaves the torch RNG in the same state.
+3. :class:`ReplayDataset` yields ``(encoded bytes, ReplayParams, label)`` per file;
+   :func:`replay_collate` packs a batch into one :class:`ReplayBatch` (bytes, sizes, one float64
+   parameter row per sample, the drawn erase patches, labels).
+
+The device side (decode with nvJPEG, crop + resize per sample, the rest per batch as Kornia
+augmentations fed these parameters) is :class:`pipeline_opt.transforms.random_gpu.RandomGpuPipeline`.
+Nothing here imports Kornia.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torchvision.transforms as T1
+import torchvision.transforms.v2 as T2
+from torchvision.transforms import InterpolationMode
+
+from pipeline_opt._logging import get_logger
+from pipeline_opt.transforms import gpu
+from pipeline_opt.transforms.decode import packed_jpeg_collate
+from pipeline_opt.transforms.jpeg_header import read_jpeg_header
+
+__all__ = [
+    "RANDOM_POLICIES", "ReplayBatch", "ReplayDataset", "ReplayParams", "ReplaySampler", "ReplayStep",
+    "UnsupportedTransform", "recognise", "replay_collate", "sample_step", "size_after", "step_of",
+]
+
+log = get_logger("transforms.replay")
+
+# Row width (float64 slots per sample) of each kind that draws parameters.
+_WIDTH = {"resized_crop": 4, "crop": 10, "hflip": 1, "vflip": 1, "color_jitter": 8, "random_grayscale": 1,
+          "erase": 5, "policy": 0}
+# Kinds that change the image size (so the batch can only be stacked after the last of them).
+GEOMETRIC = frozenset({"resized_crop", "crop", "center_crop", "resize"})
+# Random transforms whose draws cannot be replayed outside their forward (op choice + magnitude drawn
+# together with the pixels): only the opt-in "same distribution" mode moves them.
+RANDOM_POLICIES = ("AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix")
+
+
+class UnsupportedTransform(ValueError):
+    """A transform of the Compose cannot be replayed; the message names it and why."""
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayStep:
+    """One transform of the original pipeline, as the replay sees it.
+
+    ``kind`` says what it does (``resized_crop``, ``crop``, ``center_crop``, ``resize``, ``hflip``,
+    ``vflip``, ``color_jitter``, ``grayscale``, ``random_grayscale``, ``to_uint8``, ``to_float``,
+    ``normalize``, ``erase``, ``policy``); ``flavour`` the arithmetic of the image it runs on in the
+    CPU pipeline (``pil``, ``uint8``, ``float``); ``offset`` / ``width`` its slots in the per-sample
+    parameter row; ``transform`` the original object (its sampling functions are called);
+    ``options`` the static settings the device side needs (sizes, probabilities, fill values...).
+    """
+
+    kind: str
+    name: str
+    api: str  # "v1" or "v2"
+    flavour: str
+    transform: Any
+    offset: int = 0
+    width: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.api}, {self.kind} on {self.flavour})"
+
+
+class ReplayParams(NamedTuple):
+    """One sample's drawn parameters: the float64 row and the random erase patches (C, h, w), if any."""
+
+    row: torch.Tensor
+    patches: tuple[torch.Tensor, ...]
+
+
+class ReplayBatch(NamedTuple):
+    """A collated batch: encoded JPEGs back to back, their byte sizes, the parameter rows ``(B, P)``,
+    the erase patches flattened back to back with each sample's element count, the labels."""
+
+    data: torch.Tensor
+    sizes: torch.Tensor
+    params: torch.Tensor
+    patches: torch.Tensor
+    patch_sizes: torch.Tensor
+    labels: Any
+
+
+# ------------------------------------------------------------------------------------ recognition
+
+def _exact(t: Any, *classes: Any) -> bool:
+    return any(c is not None and type(t) is c for c in classes)
+
+
+def _api(t: Any) -> str:
+    return "v2" if isinstance(t, T2.Transform) else "v1"
+
+
+def _bilinear(t: Any) -> bool:
+    mode = t.interpolation
+    if isinstance(mode, str):
+        return mode.lower() == "bilinear"
+    try:
+        return InterpolationMode(mode) == InterpolationMode.BILINEAR
+    except ValueError:
+        return mode in (2, InterpolationMode.BILINEAR)
+
+
+def _pair(size: Any) -> tuple[int, int]:
+    if isinstance(size, numbers.Integral):
+        return int(size), int(size)
+    size = list(size)
+    return (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
+
+
+def _fill_values(t: Any) -> tuple[float, ...]:
+    fill = t.fill
+    if isinstance(fill, dict):
+        raise UnsupportedTransform(f"{type(t).__name__}(fill={fill!r}): a per-type fill dict is not replayed; "
+                                   "give one number or one value per channel")
+    if fill is None:
+        return (0.0,)
+    if isinstance(fill, numbers.Number):
+        return (float(fill),)
+    return tuple(float(v) for v in fill)
+
+
+def _v1_padding(padding: Any) -> tuple[int, int, int, int]:
+    """v1 ``padding`` -> (left, top, right, bottom), as ``F.pad`` reads it."""
+    if padding is None:
+        return 0, 0, 0, 0
+    if isinstance(padding, numbers.Integral):
+        p = int(padding)
+        return p, p, p, p
+    padding = [int(p) for p in padding]
+    if len(padding) == 1:
+        return (padding[0],) * 4
+    if len(padding) == 2:
+        return padding[0], padding[1], padding[0], padding[1]
+    if len(padding) == 4:
+        return padding[0], padding[1], padding[2], padding[3]
+    raise UnsupportedTransform(f"RandomCrop(padding={padding!r}) must be an int or 1, 2 or 4 values")
+
+
+_TO_U8 = tuple(c for c in (T1.PILToTensor, getattr(T2, "PILToTensor", None), getattr(T2, "ToImage", None)) if c)
+_TO_TENSOR = tuple(c for c in (T1.ToTensor, getattr(T2, "ToTensor", None)) if c)
+
+
+def _step(t: Any, flavour: str) -> tuple[str, dict[str, Any], str]:
+    """``(kind, options, flavour after)`` for ``t`` applied to an image of ``flavour``; raises
+    :class:`UnsupportedTransform` naming what is not replayed."""
+    name = type(t).__name__
+    if _exact(t, T1.RandomResizedCrop, T2.RandomResizedCrop):
+        if not _bilinear(t):
+            raise UnsupportedTransform(f"{name}(interpolation={t.interpolation}) is not replayed: only bilinear "
+                                       "resizing is reproduced on the GPU (Pillow's bicubic differs from torch's)")
+        antialias = True if flavour == "pil" else bool(t.antialias)
+        return "resized_crop", {"size": _pair(t.size), "antialias": antialias}, flavour
+    if _exact(t, T1.RandomCrop, T2.RandomCrop):
+        mode = t.padding_mode
+        if mode not in ("constant", "edge", "reflect", "symmetric"):
+            raise UnsupportedTransform(f"{name}(padding_mode={mode!r}) is not replayed")
+        return "crop", {"size": _pair(t.size), "fill": _fill_values(t), "padding_mode": mode}, flavour
+    if _exact(t, T1.CenterCrop, T2.CenterCrop):
+        return "center_crop", {"size": _pair(t.size)}, flavour
+    if _exact(t, T1.Resize, T2.Resize):
+        if not _bilinear(t):
+            raise UnsupportedTransform(f"{name}(interpolation={t.interpolation}) is not replayed: only bilinear")
+        size = t.size if t.size is None or isinstance(t.size, numbers.Integral) else list(t.size)
+        antialias = True if flavour == "pil" else t.antialias is not None and bool(t.antialias)
+        return "resize", {"size": size, "max_size": t.max_size, "antialias": antialias}, flavour
+    if _exact(t, T1.RandomHorizontalFlip, T2.RandomHorizontalFlip):
+        return "hflip", {"p": float(t.p)}, flavour
+    if _exact(t, T1.RandomVerticalFlip, T2.RandomVerticalFlip):
+        return "vflip", {"p": float(t.p)}, flavour
+    if _exact(t, T1.ColorJitter, T2.ColorJitter):
+        ranges = {k: getattr(t, k) for k in ("brightness", "contrast", "saturation", "hue")}
+        return "color_jitter", {"ranges": ranges}, flavour
+    if _exact(t, T1.RandomGrayscale, T2.RandomGrayscale):
+        return "random_grayscale", {"p": float(t.p)}, flavour
+    if _exact(t, T1.Grayscale, T2.Grayscale):
+        if t.num_output_channels != 3:
+            raise UnsupportedTransform(f"{name}(num_output_channels={t.num_output_channels}) is not replayed: "
+                                       "only 3-channel grayscale keeps the batch RGB; use num_output_channels=3")
+        return "grayscale", {}, flavour
+    if _exact(t, *_TO_U8):
+        if flavour == "float":
+            raise UnsupportedTransform(f"{name} after a float conversion is not replayed")
+        return "to_uint8", {}, "uint8"
+    if _exact(t, *_TO_TENSOR):
+        if flavour == "float":
+            raise UnsupportedTransform(f"{name} on a float tensor is not replayed")
+        return "to_float", {"module": gpu.ToFloat()}, "float"
+    if _exact(t, T1.ConvertImageDtype, getattr(T2, "ConvertImageDtype", None)) or _exact(t, T2.ToDtype):
+        dtype = t.dtype.get(torch.Tensor, t.dtype.get("others")) if isinstance(t.dtype, dict) else t.dtype
+        scale = getattr(t, "scale", True)
+        if flavour != "uint8" or dtype != torch.float32 or not scale:
+            raise UnsupportedTransform(f"{name}(dtype={dtype}, scale={scale}) on a {flavour} image is not replayed; "
+                                       "only uint8 -> float32 with scaling to [0, 1] is")
+        module = gpu.ToFloat() if _exact(t, T1.ConvertImageDtype) else gpu.ConvertDtype(torch.float32, scale=True)
+        return "to_float", {"module": module}, "float"
+    if _exact(t, T1.Normalize, T2.Normalize):
+        if flavour != "float":
+            raise UnsupportedTransform(f"{name} on a {flavour} image is not replayed (torchvision needs a float tensor)")
+        return "normalize", {"module": gpu.Normalize(t.mean, t.std)}, flavour
+    if _exact(t, T1.RandomErasing, T2.RandomErasing):
+        if flavour != "float":
+            raise UnsupportedTransform(f"{name} on a {flavour} image is not replayed; erase after ToTensor / ToDtype")
+        value = t.value
+        if _api(t) == "v1":
+            value = None if isinstance(value, str) else ([float(value)] if isinstance(value, numbers.Number)
+                                                        else [float(v) for v in value])
+        return "erase", {"p": float(t.p), "value": None if value is None else tuple(value)}, flavour
+    raise UnsupportedTransform(f"{name} is not replayed on the GPU (replayed: RandomResizedCrop, RandomCrop, "
+                               "CenterCrop, Resize, RandomHorizontalFlip, RandomVerticalFlip, ColorJitter, "
+                               "(Random)Grayscale, ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, "
+                               "Normalize, RandomErasing; exact classes, not subclasses)")
+
+
+def recognise(compose: Any, same_distribution: bool = False) -> tuple[ReplayStep, ...]:
+    """The :class:`ReplayStep` s of a torchvision (v1 or v2) ``Compose`` applied to PIL images.
+
+    Raises :class:`UnsupportedTransform` naming the first transform that cannot be replayed, or
+    when the pipeline does not end in one image size (the batch could not be stacked) or does not
+    end as a float tensor or uint8 tensor. With ``same_distribution=True`` the random policies
+    (``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``) are accepted as ``policy`` steps the
+    device applies with its own draws: from then on the draws are not the CPU pipeline's (see
+    :class:`ReplaySampler`).
+    """
+    if not isinstance(compose, (T1.Compose, T2.Compose)):
+        raise UnsupportedTransform(f"a torchvision Compose (transforms.Compose or transforms.v2.Compose) is needed, "
+                                   f"got {type(compose).__name__}; wrap the transforms in one")
+    steps: list[ReplayStep] = []
+    flavour, offset, fixed = "pil", 0, False
+    for t in compose.transforms:
+        name = type(t).__name__
+        if name in RANDOM_POLICIES:
+            if not same_distribution:
+                raise UnsupportedTransform(
+                    f"{name} draws its operation and magnitude inside its forward, so its draws cannot be replayed; "
+                    "pass same_distribution=True to run it on the GPU with its own draws (same distribution, "
+                    "not same draws)")
+            if flavour == "float":
+                raise UnsupportedTransform(f"{name} on a float tensor is not replayed (torchvision's policies "
+                                           "run on PIL images or uint8 tensors)")
+            if name == "AugMix":
+                raise UnsupportedTransform("AugMix is not replayed, not even in same-distribution mode")
+            kind, options, after = "policy", {}, flavour
+        else:
+            kind, options, after = _step(t, flavour)
+        width = _WIDTH.get(kind, 0)
+        steps.append(ReplayStep(kind=kind, name=name, api=_api(t), flavour=flavour, transform=t, offset=offset,
+                                width=width, options=options))
+        offset += width
+        flavour = after
+        if kind in ("resized_crop", "crop", "center_crop") or (
+                kind == "resize" and not (options["size"] is None or isinstance(options["size"], numbers.Integral))
+                and len(options["size"]) == 2):
+            fixed = True
+    if not steps:
+        raise UnsupportedTransform("the Compose is empty: nothing to replay")
+    if not fixed:
+        raise UnsupportedTransform("no transform gives every image one size (RandomResizedCrop, RandomCrop, "
+                                   "CenterCrop or Resize((h, w))): the decoded images could not be stacked")
+    if flavour == "pil":
+        raise UnsupportedTransform("the pipeline ends with a PIL image; end it with ToTensor / PILToTensor / ToImage")
+    return tuple(steps)
+
+
+# ---------------------------------------------------------------------------------------- sampling
+
+def _make_params(t: Any, flat_inputs: list[Any]) -> dict[str, Any]:
+    """A v2 transform's parameter sampling: ``make_params`` (torchvision >= 0.21), ``_get_params`` before."""
+    fn = getattr(t, "make_params", None)
+    return (fn if fn is not None else t._get_params)(flat_inputs)
+
+
+def _shape_only(channels: int, height: int, width: int) -> torch.Tensor:
+    """A tensor of shape (C, H, W) with no storage: the sampling functions read only its size."""
+    return torch.empty((), dtype=torch.uint8).expand(channels, height, width)
+
+
+class ReplaySampler:
+    """Draw one sample's parameters the way the original Compose draws them.
+
+    ``sample(height, width)`` walks the steps and, for each random transform, makes exactly the
+    torch RNG calls its ``forward`` makes, through its own sampling function where it has one
+    (v1 ``get_params`` with the same arguments, v2 ``make_params`` on a shape-only image), and
+    ``torch.rand(1)`` against ``p`` for the probabilistic ones. Sizes flow through the
+    deterministic steps as torchvision computes them, so every draw sees the image size its
+    transform would see. Picklable (module-level, holds the original transforms).
+
+    ``policy`` steps (same-distribution mode only) make no draws here: every later draw then
+    differs from the CPU pipeline's, which :attr:`same_draws` reports.
+    """
+
+    def __init__(self, steps: Sequence[ReplayStep]) -> None:
+        self.steps = tuple(steps)
+        self.width = sum(s.width for s in self.steps)
+        self.same_draws = not any(s.kind == "policy" for s in self.steps)
+
+    @classmethod
+    def from_compose(cls, compose: Any, same_distribution: bool = False) -> ReplaySampler:
+        return cls(recognise(compose, same_distribution=same_distribution))
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """The ``(height, width)`` of the pipeline's output for an input of that size."""
+        h, w = height, width
+        for step in self.steps:
+            h, w = size_after(step, h, w)
+        return h, w
+
+    def sample(self, height: int, width: int) -> ReplayParams:
+        """The parameters for one image of ``height x width`` (from its JPEG header)."""
+        row = np.zeros(self.width, dtype=np.float64)
+        patches: list[torch.Tensor] = []
+        c, h, w = 3, int(height), int(width)
+        for step in self.steps:
+            if step.width:
+                row[step.offset:step.offset + step.width] = sample_step(step, c, h, w, patches)
+            h, w = size_after(step, h, w)
+        return ReplayParams(torch.from_numpy(row), tuple(patches))
+
+    def __repr__(self) -> str:
+        return f"ReplaySampler([{', '.join(s.describe() for s in self.steps)}])"
+
+
+def size_after(step: ReplayStep, h: int, w: int) -> tuple[int, int]:
+    """The image size after ``step`` on an ``h x w`` image (torchvision's rules)."""
+    o = step.options
+    if step.kind in ("resized_crop", "center_crop", "crop"):
+        return o["size"]
+    if step.kind == "resize":
+        return gpu.resized_size(h, w, o["size"], o["max_size"])
+    return h, w
+
+
+def sample_step(step: ReplayStep, c: int, h: int, w: int, patches: list[torch.Tensor]) -> list[float]:
+    """One step's parameter row for a ``c x h x w`` image, drawn as its transform's forward draws;
+    random erase patches are appended to ``patches``. Empty for steps that draw nothing."""
+    sampler = _SAMPLERS.get(step.kind)
+    return [] if sampler is None else sampler(step, c, h, w, patches)
+
+
+def step_of(transform: Any, flavour: str = "float") -> ReplayStep:
+    """A single :class:`ReplayStep` (row offset 0) for ``transform`` applied to a ``flavour`` image."""
+    if flavour not in ("pil", "uint8", "float"):
+        raise ValueError(f"flavour={flavour!r} must be 'pil', 'uint8' or 'float'")
+    name = type(transform).__name__
+    if name in RANDOM_POLICIES:
+        kind, options = "policy", {}
+    else:
+        kind, options, _ = _step(transform, flavour)
+    return ReplayStep(kind=kind, name=name, api=_api(transform), flavour=flavour, transform=transform,
+                      width=_WIDTH.get(kind, 0), options=options)
+
+
+def _sample_resized_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    t = step.transform
+    if step.api == "v1":
+        top, left, bh, bw = t.get_params(_shape_only(c, h, w), t.scale, t.ratio)
+    else:
+        p = _make_params(t, [_shape_only(c, h, w)])
+        top, left, bh, bw = p["top"], p["left"], p["height"], p["width"]
+    return [top, left, bh, bw]
+
+
+def _sample_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    t = step.transform
+    th, tw = step.options["size"]
+    if step.api == "v2":
+        p = _make_params(t, [_shape_only(c, h, w)])
+        left, top, right, bottom = p["padding"] if p["needs_pad"] else (0, 0, 0, 0)
+        return [left, top, right, bottom, 0, 0, 0, 0, p["top"], p["left"]]
+    # v1 forward: pad with ``padding``, then pad_if_needed (width, then height), then get_params
+    first = _v1_padding(t.padding)
+    ph, pw = h + first[1] + first[3], w + first[0] + first[2]
+    second = [0, 0, 0, 0]
+    if t.pad_if_needed and pw < tw:
+        second[0] = second[2] = tw - pw
+        pw += 2 * (tw - pw)
+    if t.pad_if_needed and ph < th:
+        second[1] = second[3] = th - ph
+        ph += 2 * (th - ph)
+    top, left, _, _ = t.get_params(_shape_only(c, ph, pw), (th, tw))
+    return [*first, *second, top, left]
+
+
+def _sample_flip(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    return [float(bool(torch.rand(1) < step.transform.p))]
+
+
+def _sample_color_jitter(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    t = step.transform
+    if step.api == "v1":
+        order, b, ct, s, hue = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    else:
+        p = _make_params(t, [_shape_only(c, h, w)])
+        order, b, ct, s, hue = (p["fn_idx"], p["brightness_factor"], p["contrast_factor"],
+                                p["saturation_factor"], p["hue_factor"])
+    factors = [math.nan if v is None else float(v) for v in (b, ct, s, hue)]
+    return [float(i) for i in order.tolist()] + factors
+
+
+def _sample_random_grayscale(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    return [float(bool(torch.rand(1) < step.transform.p))]
+
+
+def _sample_erase(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    t = step.transform
+    if step.api == "v1":
+        if not torch.rand(1) < t.p:
+            return [0.0, 0, 0, 0, 0]
+        value = step.options["value"]
+        top, left, eh, ew, v = t.get_params(_shape_only(c, h, w), scale=t.scale, ratio=t.ratio,
+                                            value=None if value is None else list(value))
+        if (eh, ew) == (h, w):  # no box found in 10 tries: torchvision writes the image onto itself
+            return [0.0, 0, 0, 0, 0]
+    else:
+        if torch.rand(1) >= t.p:
+            return [0.0, 0, 0, 0, 0]
+        p = _make_params(t, [_shape_only(c, h, w)])
+        if p["v"] is None:
+            return [0.0, 0, 0, 0, 0]
+        top, left, eh, ew, v = p["i"], p["j"], p["h"], p["w"], p["v"]
+    if step.options["value"] is None:
+        patches.append(v)
+    return [1.0, top, left, eh, ew]
+
+
+_SAMPLERS: dict[str, Callable[..., list[float]]] = {
+    "resized_crop": _sample_resized_crop, "crop": _sample_crop, "hflip": _sample_flip, "vflip": _sample_flip,
+    "color_jitter": _sample_color_jitter, "random_grayscale": _sample_random_grayscale, "erase": _sample_erase,
+}
+
+
+# ---------------------------------------------------------------------------------- dataset, collate
+
+class ReplayDataset(torch.utils.data.Dataset):
+    """``(encoded bytes as a 1-D uint8 tensor, ReplayParams, label)`` per JPEG file.
+
+    Workers read the file, take the image size from its header and draw the augmentation parameters
+    with ``sampler`` — no decoding. ``samples`` holds ``(path, label)`` pairs
+    (``ImageFolder.samples``); ``target_transform`` is applied to the label as ImageFolder does.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str | os.PathLike, Any]], sampler: ReplaySampler,
+                 target_transform: Callable[[Any], Any] | None = None) -> None:
+        samples = list(samples)
+        if not samples:
+            raise ValueError("samples is empty; give (path, label) pairs, e.g. ImageFolder(root).samples")
+        if not (isinstance(samples[0], (tuple, list)) and len(samples[0]) == 2):
+            raise ValueError(f"samples must hold (path, label) pairs, got {samples[0]!r}")
+        if not isinstance(sampler, ReplaySampler):
+            raise TypeError(f"sampler must be a ReplaySampler, got {type(sampler).__name__}; build one with "
+                            "ReplaySampler.from_compose(dataset.transform)")
+        self.samples = [(str(p), y) for p, y in samples]
+        self.targets = [y for _, y in self.samples]
+        self.sampler = sampler
+        self.target_transform = target_transform
+
+    @classmethod
+    def from_image_folder(cls, dataset: Any, same_distribution: bool = False) -> ReplayDataset:
+        """From an ``ImageFolder``-like dataset: its ``samples``, ``transform`` and ``target_transform``."""
+        samples = getattr(dataset, "samples", None)
+        if not samples:
+            raise TypeError(f"{type(dataset).__name__} has no .samples list of (path, label); "
+                            "ReplayDataset needs an ImageFolder-like dataset of JPEG files")
+        sampler = ReplaySampler.from_compose(getattr(dataset, "transform", None), same_distribution=same_distribution)
+        return cls(samples, sampler, getattr(dataset, "target_transform", None))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ReplayParams, Any]:
+        path, label = self.samples[index]
+        data = np.fromfile(path, dtype=np.uint8)
+        try:
+            header = read_jpeg_header(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        params = self.sampler.sample(header.height, header.width)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return torch.from_numpy(data), params, label
+
+
+def replay_collate(batch: Sequence[tuple[torch.Tensor, ReplayParams, Any]]) -> ReplayBatch:
+    """Pack ``[(bytes, ReplayParams, label), ...]`` into one :class:`ReplayBatch` (a ``collate_fn``).
+
+    The bytes go into one (shared-memory, in a worker) tensor as :func:`packed_jpeg_collate` does;
+    the parameter rows are stacked into a ``(B, P)`` float64 tensor; the random erase patches are
+    flattened back to back.
+    """
+    if not batch:
+        raise ValueError("replay_collate got an empty batch")
+    for item in batch[:1]:
+        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[1], ReplayParams)):
+            raise TypeError("replay_collate expects (bytes tensor, ReplayParams, label) samples as ReplayDataset "
+                            f"yields; got {type(item).__name__} of length {len(item) if hasattr(item, '__len__') else '?'}")
+    packed = packed_jpeg_collate([(b, y) for b, _, y in batch])
+    params = torch.stack([p.row for _, p, _ in batch])
+    flat = [patch.reshape(-1).to(torch.float32) for _, p, _ in batch for patch in p.patches]
+    patch_sizes = torch.tensor([sum(patch.numel() for patch in p.patches) for _, p, _ in batch], dtype=torch.int64)
+    patches = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float32)
+    return ReplayBatch(packed.data, packed.sizes, params, patches, patch_sizes, packed.labels)
