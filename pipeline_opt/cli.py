@@ -252,7 +252,7 @@ def _run_benchmark(args: argparse.Namespace, ledger_path: Path) -> int:
 
 
 def _ledger_tail(rows: Sequence[Any]) -> str:
-    from pipeline_opt.report.text import grid
+    from pipeline_opt.report.grid import grid
 
     if not rows:
         return "the ledger is empty"

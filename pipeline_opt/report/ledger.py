@@ -228,7 +228,7 @@ def compare(a: Sequence[LedgerRow], b: Sequence[LedgerRow]) -> list[Comparison]:
 
 def comparison_table(comparisons: Sequence[Comparison], a_name: str = "A", b_name: str = "B") -> str:
     """Text table of :func:`compare`'s output; regressions are marked ``REGRESSED``."""
-    from pipeline_opt.report.text import grid
+    from pipeline_opt.report.grid import grid
 
     if not comparisons:
         return "no configuration was measured in both"

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline_opt.report.grid import grid
+
 _MS = 1e3
 _MB = 1 / (1024 * 1024)
 
@@ -22,15 +24,6 @@ def as_dict(obj: Any) -> dict[str, Any]:
     if callable(to_dict):
         return to_dict()
     raise TypeError(f"expected a ProfileReport/TuneResult or its to_dict() form, got {type(obj).__name__}")
-
-
-def grid(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
-    """Left-aligned columns separated by two spaces, with a rule under the header."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(indent + line for line in lines)
 
 
 def _pct(frac: float | None) -> str:

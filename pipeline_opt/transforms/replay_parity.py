@@ -66,7 +66,7 @@ class ReplayParity:
 
     def table(self) -> str:
         """A text table: one row per step (isolated and cumulative mean / max in levels)."""
-        from pipeline_opt.report.text import grid
+        from pipeline_opt.report.grid import grid
 
         rows = [["decode", "-", "-", "-", f"{self.decode_mean:.3f}", f"{self.decode_max:.0f}"]]
         rows += [[s.name, s.flavour, f"{s.isolated_mean:.3f}", f"{s.isolated_max:.3f}", f"{s.cumulative_mean:.3f}",
