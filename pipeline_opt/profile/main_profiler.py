@@ -50,6 +50,10 @@ from pipeline_opt.report.progress import progress_bar
 log = get_logger("profile.main")
 
 RANGE_NAMES = ("data_wait", "h2d", "step")
+# Kineto's lowest severity above USDT: nothing of its own on stderr. Without it, every profile on a
+# machine with no GPU ends with "ERROR: ... gpuGetDeviceCount failed with code 35" (Kineto asks the
+# CUDA runtime for devices even when only CPU activities are recorded) and two start/stop lines.
+KINETO_QUIET_LEVEL = "6"
 DEFAULT_TRACE_STEPS: int | None = 10  # torch.profiler records the last 10 measured steps
 _IGNORED_OP_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "pipeline_opt::")
 
@@ -190,6 +194,7 @@ class StepProfiler:
         self._session[0] = time.time_ns()
         if self.trace_steps == 0:
             return
+        quiet_kineto_without_gpu()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         sched = schedule(wait=self.window_end, warmup=1, active=self.trace_steps, repeat=1)
         self._prof = torch.profiler.profile(
@@ -416,6 +421,18 @@ class StepProfiler:
         rows = [r for r in self._op_rows() if is_sync_op(r.name)]
         rows.sort(key=lambda r: -r.self_cpu_s)
         return sum(r.self_cpu_s for r in rows), tuple(r.name for r in rows if r.self_cpu_s > 0)
+
+
+def quiet_kineto_without_gpu() -> None:
+    """On a machine without CUDA, keep Kineto's own log lines off stderr (see ``KINETO_QUIET_LEVEL``).
+
+    Kineto reads ``KINETO_LOG_LEVEL`` once, when the process's first profiler starts, so it is set
+    before that; a value the user set is kept, and CUDA machines keep Kineto's messages (there they
+    can name a real problem, e.g. CUPTI missing).
+    """
+    if "KINETO_LOG_LEVEL" in os.environ or torch.cuda.is_available():
+        return
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET_LEVEL
 
 
 def validate_trace_steps(trace_steps: object) -> None:
