@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard, default_step, resolve_device
+from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.tune import timing
@@ -118,7 +118,7 @@ def autotune(
     t_start = time.monotonic()
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
     dev = resolve_device(model, device)
-    step = step_fn if step_fn is not None else default_step
+    step = CheckedStep(step_fn, dev)  # validated on the probe's batch, before any measurement
     if profiler is None:
         from pipeline_opt.profile import profile as profiler
     deadline = t_start + float(time_budget_s)
@@ -136,12 +136,12 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
           max_workers, progress, seed, min_gain, shared_slots) -> TuneResult:
     baseline_cfg = LoaderConfig.of(loader)
     budget_s = deadline - t_start
+    probe = probe_batch(loader, check=lambda batch: step.check(model, batch))
     t0 = time.monotonic()
     baseline_report = _profile(profiler, loader, model, step_fn, dev, "the baseline trial (the loader as given)")
     profile_s = time.monotonic() - t0
     bar.set_postfix(f"baseline {baseline_report.throughput:,.1f} samples/s")
 
-    probe = probe_batch(loader)
     worker_rss = max((w.rss_bytes for w in baseline_report.workers if w.worker_id >= 0), default=0)
     budget = probe_budget(loader, pin_thread=dev.type == "cuda", worker_rss_bytes=worker_rss or None,
                           user_max=max_workers, probe=probe)

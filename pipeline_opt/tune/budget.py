@@ -21,7 +21,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,8 +205,12 @@ def _thread_sched() -> tuple[float, float] | None:
         return None
 
 
-def probe_batch(loader: Any) -> BatchProbe | None:
-    """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error."""
+def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> BatchProbe | None:
+    """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error.
+
+    ``check(batch)`` then runs on that batch (the front door's step validation,
+    :class:`pipeline_opt._step.CheckedStep`); its errors propagate, the loader's do not (the
+    baseline measurement surfaces those with context)."""
     from pipeline_opt.loader_clone import clone_loader
 
     try:
@@ -219,6 +223,8 @@ def probe_batch(loader: Any) -> BatchProbe | None:
     except Exception as exc:  # the baseline measurement surfaces real errors with context
         log.debug("batch probe failed (%s); assuming CPU-bound workers", exc)
         return None
+    if check is not None:
+        check(batch)
     runqueue = 0.0
     if s0 is not None and s1 is not None:
         runqueue = max(0.0, s1[1] - s0[1])
