@@ -144,7 +144,7 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
 
     worker_rss = max((w.rss_bytes for w in baseline_report.workers if w.worker_id >= 0), default=0)
     budget = probe_budget(loader, pin_thread=dev.type == "cuda", worker_rss_bytes=worker_rss or None,
-                          user_max=max_workers, probe=probe)
+                          user_max=max_workers, probe=probe, report=baseline_report)
     for line in budget.reasons:
         log.debug("budget %s", line)
 
