@@ -4,7 +4,13 @@ A trial starts the loader's workers, discards the first ``max(warmup, num_worker
 start-up, and the burst of one batch per worker that was ready when the first one arrived), then
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
-training run does. Every trial ends with its worker processes shut down; a worker that died or
+training run does, and every window pays them in proportion to its steps (:func:`epoch_charged`):
+the wait of a step that began a new epoch (worker start-up unless persistent, then refilling the
+empty pipeline) is taken out of the window it fell in and ``steps / batches_per_epoch`` restarts
+are charged to every window instead. Without that, on a 4-batch epoch two of three short windows
+miss the restart and their median hides it: persistent workers could never win, and a candidate
+with fewer workers (shorter windows of whole worker rounds) read faster than one with more.
+Every trial ends with its worker processes shut down; a worker that died or
 hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
 :class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
 (:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an optimizer.
@@ -26,6 +32,7 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt.tune import timing
 
 log = get_logger("tune.measure")
 
@@ -43,6 +50,9 @@ class Measurement:
     elapsed_s: float  # the whole trial, shutdown included
     compute_s: float = 0.0  # median synchronised seconds inside step_fn, over the discarded warm-up steps
     from_profile: bool = False  # windows of a profile's steps, not of a trial (see Search.evidence)
+    batches_per_epoch: int | None = None  # None: the loader has no length (no restart charged)
+    restart_s: float = 0.0  # extra seconds a new epoch cost (measured, or estimated from the start-up)
+    restarts_seen: int = 0  # epoch starts inside the trial that measured restart_s
 
     @property
     def median(self) -> float:
@@ -152,6 +162,49 @@ def num_workers_of(loader: Any) -> int:
     return int(getattr(_dataloaders_under(loader)[-1], "num_workers", 0) or 0)
 
 
+def batches_per_epoch(loader: Any) -> int | None:
+    """Batches one epoch of ``loader`` yields (``len``), None when it has no length."""
+    for dl in _dataloaders_under(loader):
+        try:
+            n = len(dl)
+        except TypeError:
+            continue
+        return int(n) if n > 0 else None
+    return None
+
+
+def persistent_of(loader: Any) -> bool:
+    """Whether the innermost DataLoader under ``loader`` keeps its workers between epochs."""
+    return bool(getattr(_dataloaders_under(loader)[-1], "persistent_workers", False))
+
+
+@dataclass(frozen=True)
+class WindowTiming:
+    """One measured window: wall seconds, samples, and the extra seconds of the epoch starts in it."""
+
+    seconds: float
+    samples: int
+    steps: int
+    restart_extra_s: tuple[float, ...] = ()  # per epoch start: its wait beyond a normal step's
+
+
+def epoch_charged(windows: list[WindowTiming], batches_per_epoch: int | None,
+                  restart_s: float) -> tuple[float, ...]:
+    """Samples/s of each window with epoch restarts charged in proportion to its steps.
+
+    A window's own restarts (``restart_extra_s``) are taken out and ``steps / batches_per_epoch``
+    restarts of ``restart_s`` each are added, so every window of a trial, whatever its length and
+    wherever it starts, pays the restarts a long run pays per batch. ``batches_per_epoch=None``
+    (a loader without a length) leaves the windows as measured."""
+    out = []
+    for w in windows:
+        seconds = w.seconds
+        if batches_per_epoch:
+            seconds = seconds - sum(w.restart_extra_s) + w.steps * restart_s / batches_per_epoch
+        out.append(w.samples / max(seconds, 1e-9))
+    return tuple(out)
+
+
 def _shutdown(it: Any) -> None:
     if it is None:
         return
@@ -226,19 +279,24 @@ def measure_throughput(
     if seed is not None:
         _seed_everything(seed)
     workers = num_workers_of(loader)
+    epoch = batches_per_epoch(loader)
     skip = max(warmup, workers)  # each worker's first batch was decoded during the start-up
     before = live_children()
     stream = BatchStream(loader)
     t_start = time.perf_counter()
-    results: list[float] = []
+    results: list[WindowTiming] = []
+    waits: list[float] = []  # data waits of the measured steps that did not start an epoch
+    restart_waits: list[tuple[int, float]] = []  # (window index, -1 in the warm-up; its wait)
     batch_size = 0
     startup = 0.0
     computes: list[float] = []
     try:
         for i in range(skip + 1):
-            batch = _next(stream)
+            batch, wait, new_epoch = _timed_next(stream)
             if i == 0:
                 startup = time.perf_counter() - t_start
+            elif new_epoch:
+                restart_waits.append((-1, wait))
             synchronize(device)
             c0 = time.perf_counter()
             _step(step_fn, model, batch, device)
@@ -246,15 +304,19 @@ def measure_throughput(
             if i > 0:  # the first step pays one-off costs (allocator, cuDNN autotune)
                 computes.append(time.perf_counter() - c0)
             _check_deadline(deadline, results)
-        for _ in range(windows):
+        for k in range(windows):
             t0, samples = time.perf_counter(), 0
             for _ in range(steps):
-                batch = _next(stream)
+                batch, wait, new_epoch = _timed_next(stream)
+                if new_epoch:
+                    restart_waits.append((k, wait))
+                else:
+                    waits.append(wait)
                 _step(step_fn, model, batch, device)
                 samples += batch_size_of(batch)
                 _check_deadline(deadline, results)
             synchronize(device)
-            results.append(samples / max(time.perf_counter() - t0, 1e-9))
+            results.append(WindowTiming(seconds=time.perf_counter() - t0, samples=samples, steps=steps))
             batch_size = max(batch_size, samples // steps)
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -265,9 +327,25 @@ def measure_throughput(
         killed = reap_new_children(before)
     if killed and not results:
         raise TrialFailed("worker_died", f"{len(killed)} worker(s) did not exit and were killed")
-    return Measurement(windows=tuple(results), steps_per_window=steps, batch_size=batch_size,
-                       startup_s=startup, elapsed_s=time.perf_counter() - t_start,
-                       compute_s=float(statistics.median(computes)) if computes else 0.0)
+    normal = float(statistics.median(waits)) if waits else 0.0
+    extra = [(k, max(0.0, w - normal)) for k, w in restart_waits]
+    if extra:
+        restart = statistics.fmean(x for _, x in extra)
+    else:
+        restart = timing.restart_estimate(startup, workers, persistent_of(loader))
+    timed = [WindowTiming(w.seconds, w.samples, w.steps, tuple(x for j, x in extra if j == k))
+             for k, w in enumerate(results)]
+    return Measurement(windows=epoch_charged(timed, epoch, restart), steps_per_window=steps,
+                       batch_size=batch_size, startup_s=startup, elapsed_s=time.perf_counter() - t_start,
+                       compute_s=float(statistics.median(computes)) if computes else 0.0,
+                       batches_per_epoch=epoch, restart_s=restart, restarts_seen=len(extra))
+
+
+def _timed_next(stream: BatchStream) -> tuple[Any, float, bool]:
+    """The next batch, the seconds waited for it, and whether it began a new epoch."""
+    epochs, t0 = stream.epochs, time.perf_counter()
+    batch = _next(stream)
+    return batch, time.perf_counter() - t0, stream.epochs != epochs
 
 
 class _OutOfTime(Exception):

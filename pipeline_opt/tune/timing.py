@@ -7,6 +7,11 @@ A trial's cost is dominated by slow steps when the loader is data-bound (a 0.6 s
 * a window lasts about ``window_s`` seconds, but at least ``min_steps`` steps and at least one
   batch per worker: workers that started together deliver their batches in bursts of
   ``num_workers``, and a window shorter than one burst measures the burst, not the rate;
+* on a short epoch (one that fits ``EPOCH_WINDOW_FACTOR`` windows) a window holds whole epochs:
+  the rounds of the workers restart with every epoch (16 batches over 14 workers are a round of
+  14 and a round of 2, as slow as two full rounds), and only whole epochs hold them in proportion.
+  The epoch restarts themselves are charged to every window in proportion to its steps
+  (:func:`pipeline_opt.tune.measure.epoch_charged`), whatever its length;
 * a trial discards ``max(warmup, num_workers)`` batches first: the burst that was ready when the
   first batch arrived (each worker decoded its first batch during the start-up); a shared-slots
   trial discards every slot's first batch (:func:`slot_first_use_batches`);
@@ -25,6 +30,7 @@ SPAWN_S = 0.3  # fixed cost of starting a worker pool (fork + first imports)
 SPAWN_PER_WORKER_S = 0.05
 SHUTDOWN_PER_WORKER_S = 0.02
 ESTIMATE_MARGIN = 1.15
+EPOCH_WINDOW_FACTOR = 4.0  # a window may grow to this many window_s to hold a whole epoch
 
 
 def window_seconds(budget_s: float) -> float:
@@ -76,19 +82,27 @@ def whole_rounds(steps: int, num_workers: int) -> int:
 
 
 def steps_per_window(step_s: float, num_workers: int, *, window_s: float, min_steps: int = 2,
-                     max_steps: int = 200) -> int:
+                     max_steps: int = 200, batches_per_epoch: int | None = None) -> int:
     """Steps in one window: ``window_s / step_s``, at least ``min_steps`` and one per worker, and
     a whole number of rounds of the workers (the nearest, within ``max_steps`` where one fits).
 
     The DataLoader hands batches to its workers in turn, so a window of whole rounds holds the
     same number of batches from every worker; a window that ends inside a burst of ready batches
     reads faster than one that ends just before it (up to ``(rounds + 1) / rounds`` apart).
+    Every epoch starts a new round at the first worker, so when an epoch of ``batches_per_epoch``
+    fits ``EPOCH_WINDOW_FACTOR * window_s`` (and ``max_steps``) the window is a whole number of
+    epochs instead (the nearest, at least one).
     """
     if min_steps < 1 or max_steps < min_steps:
         raise ValueError(f"min_steps={min_steps}, max_steps={max_steps}: need 1 <= min_steps <= max_steps")
     workers = max(0, int(num_workers))
     floor = max(min_steps, workers)
-    if not (step_s > 0 and math.isfinite(step_s)):
+    timed = step_s > 0 and math.isfinite(step_s)
+    epoch = int(batches_per_epoch or 0)
+    if epoch and epoch <= max_steps and timed and epoch * step_s <= EPOCH_WINDOW_FACTOR * window_s:
+        epochs = max(1, round(window_s / (epoch * step_s)))
+        return int(min(epochs, max_steps // epoch) * epoch)
+    if not timed:
         steps = floor
     else:
         steps = max(floor, round(window_s / step_s))
@@ -118,6 +132,18 @@ def predict_step_s(batch_s: float, num_workers: int, compute_s: float, usable_cp
     if num_workers <= 0:
         return compute_s + batch_s
     return max(compute_s, batch_s / effective_workers(num_workers, usable_cpus))
+
+
+def restart_estimate(startup_s: float, num_workers: int, persistent: bool) -> float:
+    """Extra seconds a new epoch costs when a trial saw none begin: a fresh iterator's start-up
+    (``startup_s``, from ``iter()`` to the first batch: the workers' start and a whole batch's
+    latency), less the workers' start for persistent workers (they only refill the pipeline), and
+    nothing without workers (the main process makes the next batch as it would mid-epoch)."""
+    if num_workers <= 0 or not startup_s > 0:
+        return 0.0
+    if persistent:
+        return max(0.0, startup_s - (SPAWN_S + SPAWN_PER_WORKER_S * num_workers))
+    return startup_s
 
 
 def trial_seconds(step_s: float, num_workers: int, *, windows: int, steps: int, warmup: int,

@@ -15,6 +15,7 @@ from tune_fixtures import (
     digest,
     model_state,
     same_state,
+    slow_worker_start,
     tiny_model,
 )
 
@@ -131,3 +132,19 @@ def test_the_profiles_windows_are_marked_as_a_profile_not_a_trial():
     report = SimpleNamespace(steps=steps, batch_size=8, compute_time_s=0.05, step_time_s=0.1, data_wait_frac=0.5)
     m = _profile_measurement(report, LoaderConfig(num_workers=2), elapsed_s=3.0)
     assert m is not None and m.from_profile and m.windows and m.median == pytest.approx(80.0)
+
+
+@pytest.mark.timeout(90)
+def test_a_short_epoch_with_a_slow_worker_start_gets_persistent_workers():
+    # 4 batches an epoch and 0.3 s to start a worker: the restarts dominate, persistent workers remove them
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a second intra-op thread on a shared 2-core machine makes tiny steps erratic
+    try:
+        loader = DataLoader(Fast(n=16), batch_size=4, num_workers=1, worker_init_fn=slow_worker_start)
+        result = po.autotune(loader, tiny_model(), time_budget_s=15, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.config["persistent_workers"] and result.config["num_workers"] >= 1, result.verdict
+    kept = next(t for t in result.trials if t.accepted and t.config["persistent_workers"])
+    assert "persistent_workers -> True" in kept.reason
+    assert result.speedup > 2.0

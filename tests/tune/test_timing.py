@@ -128,3 +128,15 @@ def test_a_shared_slots_trial_discards_every_slots_first_batch_and_is_priced_for
     assert runner.warmup_for(plain) == 2 and runner.warmup_for(slots) == 48
     assert runner.estimate_s(slots, 0.08) - runner.estimate_s(plain, 0.08) == pytest.approx(
         timing.ESTIMATE_MARGIN * 40 * 0.08, rel=0.01)  # 48 discarded batches instead of the 8 of the burst
+
+
+def test_a_short_epoch_gets_windows_of_whole_epochs():
+    # 16 batches an epoch over 14 workers (a round of 14, then of 2): one epoch per window, not 14 steps
+    assert timing.steps_per_window(0.17, 14, window_s=1.0, batches_per_epoch=16) == 16
+    assert timing.steps_per_window(0.01, 2, window_s=1.0, batches_per_epoch=4) == 100  # 25 epochs of 4
+    assert timing.steps_per_window(0.01, 2, window_s=1.0, batches_per_epoch=4, max_steps=10) == 8
+    # an epoch longer than EPOCH_WINDOW_FACTOR windows: whole rounds as before
+    assert timing.steps_per_window(0.5, 4, window_s=1.0, batches_per_epoch=16) == 4
+    assert timing.restart_estimate(1.0, 4, persistent=False) == 1.0
+    assert timing.restart_estimate(1.0, 4, persistent=True) == pytest.approx(1.0 - 0.3 - 0.2)
+    assert timing.restart_estimate(1.0, 0, persistent=False) == 0.0
