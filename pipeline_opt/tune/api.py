@@ -38,7 +38,7 @@ from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
-from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers
+from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers
 from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
 from pipeline_opt.tune.measure import Measurement
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
@@ -269,7 +269,8 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_sl
         return
     if not search.incumbent.persistent_workers:
         # clone_loader keeps a persistent clone's epoch order equal to the original's
-        search.try_change("persistent_workers -> True", persistent_workers=True)
+        if search.try_change("persistent_workers -> True", persistent_workers=True):
+            search.tune_workers("num_workers with persistent workers")  # restarts no longer price the workers
     pf = search.incumbent.prefetch_factor or 2
     if not search.try_change(f"prefetch_factor {pf} -> {2 * pf}", prefetch_factor=2 * pf) and pf > 1:
         search.try_change(f"prefetch_factor {pf} -> {pf // 2}", prefetch_factor=pf // 2)
@@ -321,7 +322,8 @@ def _guess_inputs(report: ProfileReport, probe, measured_compute_s: float) -> tu
 
 def _first_guess(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> int:
     batch_s, step_s = _guess_inputs(report, probe, measured_compute_s)
-    return max(1, min(budget.max_workers, littles_law_workers(batch_s, step_s)))
+    return epoch_workers(max(1, min(budget.max_workers, littles_law_workers(batch_s, step_s))),
+                         budget.batches_per_epoch)
 
 
 def _guess_reason(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> str:

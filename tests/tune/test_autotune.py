@@ -148,3 +148,21 @@ def test_a_short_epoch_with_a_slow_worker_start_gets_persistent_workers():
     kept = next(t for t in result.trials if t.accepted and t.config["persistent_workers"])
     assert "persistent_workers -> True" in kept.reason
     assert result.speedup > 2.0
+
+
+@pytest.mark.timeout(90)
+def test_a_data_bound_short_epoch_gets_the_workers_littles_law_asks_for():
+    # 8 batches an epoch, 80 ms of waiting per batch in one worker, a ~1 ms step: Little's law asks
+    # for ~80 workers, the budget allows 8 (one per batch of the epoch), and 8 persistent workers make
+    # an epoch in one round of 80 ms. Windows that missed the epoch restarts once read 4 and then 2
+    # workers as fast as 8 (a tie with fewer workers wins), and the tuner returned 2.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loader = DataLoader(SlowIO(n=32, latency_s=0.02), batch_size=4)
+        result = po.autotune(loader, tiny_model(), time_budget_s=20, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.budget["max_workers"] == 8, result.budget["reasons"]
+    assert result.config["num_workers"] == 8 and result.config["persistent_workers"], result.verdict
+    assert result.speedup > 3.0
