@@ -176,6 +176,9 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     guess_n = _first_guess(baseline_report, probe, budget, measured)
     guess, levers = _combined_guess(baseline_cfg.with_(num_workers=guess_n), baseline_report, probe, budget,
                                     measured, gpu_plan, draft_plan)
+    plan = runner.plan(guess, budget_s=budget_s, spent_s=time.monotonic() - t_start, reserve_s=reserve,
+                       noise=search.noise)  # before any trial: warn at once when the budget holds none
+    (log.warning if plan.warning else log.info)("autotune: %s", plan.warning or plan.text)
     why = f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
@@ -205,7 +208,7 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         loader=final, config=outcome.best.to_dict(), baseline=baseline_report, best=best_report,
         trials=outcome.trials, speedup=speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
         not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=outcome.verdict,
-        budget=budget.to_dict(),
+        budget={**budget.to_dict(), "plan": plan.text},
     )
 
 

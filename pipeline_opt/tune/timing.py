@@ -157,6 +157,73 @@ def trial_seconds(step_s: float, num_workers: int, *, windows: int, steps: int, 
     return ESTIMATE_MARGIN * (startup + first_batch_s + measured * step_s + shutdown)
 
 
+PLAN_TRIALS = 3  # the trials a plan asks room for: the first guess, a repeat, one more move
+SHORT_WINDOW_NOISE = 0.05  # windows may be shortened while the baseline's measured noise is below this
+MIN_WINDOW_S = 0.25
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """How many trials the time budget holds, predicted from the baseline before the search starts."""
+
+    budget_s: float
+    spent_s: float  # before the search: the baseline's profile and the probe batch
+    reserve_s: float  # kept for profiling the winner
+    trial_s: float  # estimated seconds of one trial (the first candidate) at ``window_s``
+    window_s: float  # the trials' window length (shortened from ``default_window_s`` when needed and quiet)
+    default_window_s: float
+    trials: int  # trials that fit in what is left
+    needed_s: float  # a budget that would hold ``wanted`` trials
+    wanted: int
+    noise: float  # the baseline's measured noise the window choice went by
+
+    @property
+    def text(self) -> str:
+        shorter = (f", windows shortened from {self.default_window_s:.2f} s (noise ±{self.noise:.1%})"
+                   if self.window_s < self.default_window_s else "")
+        return (f"time_budget_s={self.budget_s:g}: {self.spent_s:.1f} s went to measuring the baseline, "
+                f"{self.reserve_s:.1f} s are kept for profiling the winner, a trial takes ~{self.trial_s:.1f} s "
+                f"(3 windows of ~{self.window_s:.2f} s{shorter}): room for {self.trials} trial(s); "
+                f"{self.needed_s:.0f} s would allow {self.wanted}")
+
+    @property
+    def warning(self) -> str | None:
+        """A sentence for the user when the budget cannot hold the baseline and one candidate, else None."""
+        if self.trials >= 1:
+            return None
+        return (f"time_budget_s={self.budget_s:g} holds the baseline only (measuring it took {self.spent_s:.1f} s, "
+                f"one trial needs ~{self.trial_s:.1f} s more); {self.needed_s:.0f} s would allow {self.wanted} "
+                "trials: nothing will be tuned unless time_budget_s is raised")
+
+
+def plan_trials(budget_s: float, spent_s: float, reserve_s: float, trial_s_at, window_s: float,
+                noise: float, *, wanted: int = PLAN_TRIALS, min_window_s: float = MIN_WINDOW_S) -> TrialPlan:
+    """The plan for the search: trials that fit ``budget_s - spent_s - reserve_s``, each costing
+    ``trial_s_at(window_s)`` seconds.
+
+    When fewer than ``wanted`` fit and the baseline's measured ``noise`` is below
+    ``SHORT_WINDOW_NOISE``, the windows are shortened (halved, down to ``min_window_s``) to the
+    longest that fits ``wanted`` trials, or the shortest: a quiet pipeline is measured well by short
+    windows, a noisy one is not, and its trials keep their length. ``needed_s`` rounds up to 10 s."""
+    left = max(0.0, budget_s - spent_s - reserve_s)
+
+    def fit(w: float) -> tuple[int, float]:
+        cost = max(float(trial_s_at(w)), 1e-3)
+        return int(left // cost), cost
+
+    chosen = window_s
+    trials, cost = fit(window_s)
+    if trials < wanted and noise <= SHORT_WINDOW_NOISE:
+        w = window_s
+        while w / 2 >= min_window_s - 1e-9 and trials < wanted:
+            w /= 2
+            trials, cost = fit(w)
+            chosen = w
+    needed = math.ceil((spent_s + reserve_s + wanted * cost) / 10.0) * 10.0
+    return TrialPlan(budget_s=budget_s, spent_s=spent_s, reserve_s=reserve_s, trial_s=cost, window_s=chosen,
+                     default_window_s=window_s, trials=trials, needed_s=needed, wanted=wanted, noise=noise)
+
+
 def profile_steps(remaining_s: float, step_s: float, *, steps: int = 8, min_steps: int = 2) -> int:
     """Steps a final profile can afford in ``remaining_s`` (at most ``steps``, at least ``min_steps``)."""
     if not (step_s > 0 and math.isfinite(step_s)):

@@ -86,6 +86,22 @@ class TrialRunner:
         self.remember(cfg, m)
         return m
 
+    def plan(self, first: LoaderConfig, *, budget_s: float, spent_s: float, reserve_s: float,
+             noise: float) -> timing.TrialPlan:
+        """Predict how many trials of about ``first``'s cost fit the budget
+        (:func:`pipeline_opt.tune.timing.plan_trials`) and adopt the plan's window length."""
+
+        def trial_s_at(window_s: float) -> float:
+            kept, self.window_s = self.window_s, window_s
+            try:
+                return self.estimate_s(first, 0.0)
+            finally:
+                self.window_s = kept
+
+        plan = timing.plan_trials(budget_s, spent_s, reserve_s, trial_s_at, self.window_s, noise)
+        self.window_s = plan.window_s
+        return plan
+
     def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float:
         """Seconds a trial of ``cfg`` should take (:func:`pipeline_opt.tune.timing.trial_seconds`)."""
         pred = self.predict_step_s(cfg, step_s)

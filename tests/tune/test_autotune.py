@@ -166,3 +166,17 @@ def test_a_data_bound_short_epoch_gets_the_workers_littles_law_asks_for():
     assert result.budget["max_workers"] == 8, result.budget["reasons"]
     assert result.config["num_workers"] == 8 and result.config["persistent_workers"], result.verdict
     assert result.speedup > 3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_budget_too_small_for_one_trial_is_said_at_once(caplog):
+    # 200 ms a batch: the baseline's profile alone takes ~2 s of a 2.5 s budget
+    loader = DataLoader(SlowIO(n=400, latency_s=0.05), batch_size=4)
+    with caplog.at_level("INFO", logger="pipeline_opt"):
+        result = po.autotune(loader, tiny_model(), time_budget_s=2.5, progress=True)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warned = [i for i, (level, msg) in enumerate(lines) if level == "WARNING" and "holds the baseline only" in msg]
+    assert warned, lines
+    assert "would allow 3 trials" in lines[warned[0]][1]
+    assert not any(msg.startswith("trial 2") for _, msg in lines[:warned[0]]), "the warning comes before any trial"
+    assert "room for 0 trial(s)" in result.budget["plan"] and result.config == result.original_config
