@@ -178,6 +178,13 @@ def persistent_of(loader: Any) -> bool:
     return bool(getattr(_dataloaders_under(loader)[-1], "persistent_workers", False))
 
 
+def continuous(loader: Any) -> bool:
+    """Whether ``loader``'s epochs run on without a restart: ultralytics' InfiniteDataLoader keeps one
+    iterator over a repeating sampler (``.iterator``, ``.reset()``), so its workers never refill."""
+    inner = _dataloaders_under(loader)[-1]
+    return hasattr(inner, "iterator") and callable(getattr(inner, "reset", None))
+
+
 @dataclass(frozen=True)
 class WindowTiming:
     """One measured window: wall seconds, samples, and the extra seconds of the epoch starts in it."""
@@ -331,6 +338,8 @@ def measure_throughput(
     extra = [(k, max(0.0, w - normal)) for k, w in restart_waits]
     if extra:
         restart = statistics.fmean(x for _, x in extra)
+    elif continuous(loader):
+        restart = 0.0
     else:
         restart = timing.restart_estimate(startup, workers, persistent_of(loader))
     timed = [WindowTiming(w.seconds, w.samples, w.steps, tuple(x for j, x in extra if j == k))

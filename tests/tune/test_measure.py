@@ -136,3 +136,15 @@ def test_epoch_charged_moves_each_windows_restarts_into_proportion():
     # 2 steps of a 4-batch epoch carry half a restart: 0.2 + 0.15 s per window, all alike
     assert epoch_charged(windows, 4, 0.3) == pytest.approx((8 / 0.35,) * 3)
     assert epoch_charged(windows, None, 0.3) == pytest.approx((40.0, 16.0, 40.0))  # no length: as measured
+
+
+def test_an_infinite_loader_runs_on_without_restarts():
+    from pipeline_opt.tune.measure import continuous
+
+    class Infinite(DataLoader):  # ultralytics' InfiniteDataLoader: one iterator over a repeating sampler
+        iterator = None
+
+        def reset(self):
+            self.iterator = None
+
+    assert continuous(Infinite(Fast(), batch_size=4)) and not continuous(DataLoader(Fast(), batch_size=4))
