@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -237,25 +238,30 @@ def _check_default_inputs(model: torch.nn.Module, batch: Any) -> None:
             "forward under torch.autocast")
 
 
+_DEVICE_ERROR = re.compile(r"same device|expected device|not on the expected|different device", re.IGNORECASE)
+_DTYPE_ERROR = re.compile(r"same dtype|should be the same|expected scalar type|dtype .*but got|must have the same",
+                          re.IGNORECASE)
+
+
 def _mismatch_hint(model: torch.nn.Module, batch: Any, exc: BaseException) -> str | None:
-    """Why a step probably failed, from the values: tensors of the batch on another device or of
-    another floating dtype than the model's parameters; None when the values look consistent."""
+    """Why a step failed when torch's message says it was a device or dtype mismatch: the model's
+    device / dtype against the batch's; None for any other error (it propagates as it is)."""
     params = list(model.parameters())
     if not params:
         return None
     dtype, device = params[0].dtype, params[0].device
     tensors = list(_tensors(batch))
-    devices = sorted({str(t.device) for t in tensors if t.device != device})
-    floats = sorted({str(t.dtype) for t in tensors if t.is_floating_point() and t.dtype != dtype})
     text = str(exc)
-    if devices or "device" in text:
-        where = f"the batch's tensors on {', '.join(devices)}" if devices else "a tensor of the step elsewhere"
-        return (f"the model's parameters are on {device} and {where}; put the step's inputs on {device} "
-                f"(batch.to({str(device)!r}) inside step_fn) or move the model")
-    if floats or "dtype" in text or ("type" in text and "should be the same" in text):
-        what = f"the batch's floating tensors are {', '.join(floats)}" if floats else "an input of the step differs"
-        return (f"the model's parameters are {dtype} and {what}; cast one to the other "
-                f"(model.to(...) or the inputs inside step_fn), or run the forward under torch.autocast")
+    if _DEVICE_ERROR.search(text):
+        devices = sorted({str(t.device) for t in tensors})
+        return (f"the model's parameters are on {device} and the batch's tensors on {', '.join(devices) or '-'}; "
+                f"put every input of the step on {device} (batch.to({str(device)!r}) inside step_fn) or move "
+                "the model")
+    if _DTYPE_ERROR.search(text):
+        floats = sorted({str(t.dtype) for t in tensors if t.is_floating_point()})
+        return (f"the model's parameters are {dtype} and the batch's floating tensors {', '.join(floats) or '-'}; "
+                "cast one to the other (model.to(...) or the inputs inside step_fn), or run the forward under "
+                "torch.autocast")
     return None
 
 
@@ -279,8 +285,7 @@ class BackwardOnLoss:
         return loss
 
 
-def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None,
-                  device: torch.device | str | None = None) -> tuple[StepFn, Any]:
+def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None) -> tuple[StepFn, Any]:
     """Run the training step once on ``batch`` (as the step receives it: on the device already)
     and return ``(the step to measure, what this run returned)``.
 
@@ -353,7 +358,7 @@ class CheckedStep:
 
     def __call__(self, model: torch.nn.Module, batch: Any) -> Any:
         if self.step is None:
-            self.step, out = validate_step(model, batch, self.user, self.device)
+            self.step, out = validate_step(model, batch, self.user)
             return out
         return self.step(model, batch)
 

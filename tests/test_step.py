@@ -93,7 +93,7 @@ def test_a_step_fn_that_returns_its_loss_gets_the_default_backward():
     def loss_only(model, batch):
         return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
 
-    step, out = validate_step(model, next(iter(_loader())), loss_only, "cpu")
+    step, out = validate_step(model, next(iter(_loader())), loss_only)
     assert isinstance(step, BackwardOnLoss) and not out.requires_grad
     assert all(p.grad is not None for p in model.parameters())
     fresh = _model()
@@ -104,7 +104,7 @@ def test_a_step_fn_that_returns_its_loss_gets_the_default_backward():
 
 def test_a_frozen_model_needs_no_backward():
     model = _model().requires_grad_(False)
-    step, _ = validate_step(model, next(iter(_loader())), lambda m, b: m(b[0]), "cpu")
+    step, _ = validate_step(model, next(iter(_loader())), lambda m, b: m(b[0]))
     assert not isinstance(step, BackwardOnLoss)
 
 
@@ -136,3 +136,19 @@ def test_a_good_step_is_validated_once_and_then_runs_as_given():
     checked.check(model, batch)  # validated already: no second run
     checked(model, batch)
     assert checked.checked and checked.step is step and len(calls) == 2
+
+
+def test_a_step_error_that_is_no_mismatch_propagates_as_it_is():
+    def nan(model, batch):
+        raise RuntimeError("loss is NaN; CUDA error: device-side assert triggered")
+
+    with pytest.raises(RuntimeError, match="loss is NaN") as info:
+        validate_step(_model(), next(iter(_loader())), nan)
+    assert any("first batch" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_a_user_step_on_mismatched_dtypes_gets_a_dtype_hint():
+    with pytest.raises(ValueError) as info:
+        validate_step(_model().double(), next(iter(_loader())), lambda m, b: m(b[0]).sum().backward())
+    msg = str(info.value)
+    assert "parameters are torch.float64" in msg and "torch.float32" in msg and "autocast" in msg, msg
