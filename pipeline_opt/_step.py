@@ -7,18 +7,26 @@
 * :func:`move_to_device` copies every tensor nested in tuples/lists/dicts.
 * :class:`ModelStateGuard` snapshots parameters, buffers, gradients, train/eval mode and the RNG
   states (torch, CUDA, numpy, random) and restores them bitwise.
+* :func:`validate_step` / :class:`CheckedStep` are the front doors' check of the training step: one
+  real step on one batch before any measurement, with errors that name the bad value and the fix
+  (a model on the meta device, images of another dtype or device than the model, a step that
+  neither runs backward nor returns a loss to run it on).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline_opt._logging import get_logger
 from pipeline_opt._staging import staging_for
+
+log = get_logger("step")
 
 StepFn = Callable[[torch.nn.Module, Any], Any]
 
@@ -64,15 +72,19 @@ def _model_dtype_device(model: torch.nn.Module) -> tuple[torch.dtype, torch.devi
 
 
 def default_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """Forward and backward on the batch's images with ``output.float().mean()`` as the loss."""
+    """Forward and backward on the batch's images with ``output.float().mean()`` as the loss.
+
+    Integer images (uint8) become the model's dtype in [0, 1]. Floating images go to the model as
+    they are: casting them to the model's dtype here would profile a step that the user's own
+    loop cannot run (a float64 model fed float32 images raises in a plain forward);
+    :func:`validate_step` names that mismatch up front instead.
+    """
     images = extract_images(batch)
     dtype, device = _model_dtype_device(model)
     if images.device != device:
         images = images.to(device, non_blocking=True)
     if not images.is_floating_point():
         images = images.to(dtype).div_(255.0)
-    elif images.dtype != dtype:
-        images = images.to(dtype)
     out = model(images)
     loss = _scalar_of(out)
     if loss.requires_grad:
@@ -90,7 +102,10 @@ def _scalar_of(out: Any) -> torch.Tensor:
     else:
         parts = []
     if not parts:
-        raise TypeError(f"the default step cannot reduce a model output of type {type(out).__name__}; pass step_fn=...")
+        raise TypeError(
+            f"the default step needs a loss to run backward, but the model returned {_describe(out)}, which "
+            "holds no floating-point tensor; return the output tensor (e.g. the logits) from forward, or pass "
+            "step_fn=... that computes the loss and calls loss.backward()")
     return torch.stack(parts).sum()
 
 
@@ -143,7 +158,10 @@ def batch_size_of(batch: Any) -> int:
 
 
 def resolve_device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
-    """The device to run on: ``device`` if given (validated against the model), else the model's."""
+    """The device to run on: ``device`` if given (validated against the model), else the model's.
+
+    A model on the meta device is refused first (:func:`check_model`)."""
+    check_model(model)
     _, model_device = _model_dtype_device(model)
     if device is None:
         return model_device
@@ -158,6 +176,199 @@ def resolve_device(model: torch.nn.Module, device: torch.device | str | None) ->
             f"move the model first (model.to({str(dev)!r})) or pass device=None"
         )
     return dev
+
+
+# ---------------------------------------------------------------- the front doors' step check
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Raise ``ValueError`` when any parameter or buffer of ``model`` is on the meta device.
+
+    Meta tensors have shapes and no data: every op on them "runs" instantly, so a profile of such a
+    model measures nothing and a tuner would optimise for a step that does no work."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    meta = [name for name, t in tensors if t.device.type == "meta"]
+    if meta:
+        raise ValueError(
+            f"{len(meta)} of the model's {len(tensors)} parameters/buffers are on the meta device (e.g. "
+            f"{meta[0]!r}): they have shapes but no data, so nothing real would be measured; materialize the "
+            "model first, e.g. model.to_empty(device='cuda') then model.load_state_dict(...), or build it "
+            "without device='meta'")
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def _describe(value: Any) -> str:
+    """A short description of a value for an error message (type, and shape/dtype/device of a tensor)."""
+    if isinstance(value, torch.Tensor):
+        grad = ", requires grad" if value.requires_grad else ""
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}{grad}"
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _check_default_inputs(model: torch.nn.Module, batch: Any) -> None:
+    """What the default step would otherwise hide: images on another device, or of another floating
+    dtype, than the model's parameters (a plain ``model(images)`` raises on both)."""
+    images = extract_images(batch)
+    params = list(model.parameters())
+    if not params:
+        return
+    dtype, device = params[0].dtype, params[0].device
+    if images.device != device:
+        raise ValueError(
+            f"the batch's images are on {images.device} but the model's parameters are on {device}; yield the "
+            f"batches on the model's device, move the model (model.to({str(images.device)!r})), or pass "
+            "step_fn=... that moves the batch")
+    if images.is_floating_point() and images.dtype != dtype:
+        raise ValueError(
+            f"the batch's images are {images.dtype} but the model's parameters are {dtype}: a plain forward "
+            f"raises on this mismatch; cast the model (model.to({images.dtype})) or the images "
+            f"(a transform that yields {dtype}), or pass step_fn=... that casts them or runs the "
+            "forward under torch.autocast")
+
+
+_DEVICE_ERROR = re.compile(r"same device|expected device|not on the expected|different device", re.IGNORECASE)
+_DTYPE_ERROR = re.compile(r"same dtype|should be the same|expected scalar type|dtype .*but got|must have the same",
+                          re.IGNORECASE)
+
+
+def _mismatch_hint(model: torch.nn.Module, batch: Any, exc: BaseException) -> str | None:
+    """Why a step failed when torch's message says it was a device or dtype mismatch: the model's
+    device / dtype against the batch's; None for any other error (it propagates as it is)."""
+    params = list(model.parameters())
+    if not params:
+        return None
+    dtype, device = params[0].dtype, params[0].device
+    tensors = list(_tensors(batch))
+    text = str(exc)
+    if _DEVICE_ERROR.search(text):
+        devices = sorted({str(t.device) for t in tensors})
+        return (f"the model's parameters are on {device} and the batch's tensors on {', '.join(devices) or '-'}; "
+                f"put every input of the step on {device} (batch.to({str(device)!r}) inside step_fn) or move "
+                "the model")
+    if _DTYPE_ERROR.search(text):
+        floats = sorted({str(t.dtype) for t in tensors if t.is_floating_point()})
+        return (f"the model's parameters are {dtype} and the batch's floating tensors {', '.join(floats) or '-'}; "
+                "cast one to the other (model.to(...) or the inputs inside step_fn), or run the forward under "
+                "torch.autocast")
+    return None
+
+
+def _is_loss(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad and value.numel() == 1 \
+        and value.is_floating_point()
+
+
+class BackwardOnLoss:
+    """``step_fn`` followed by ``loss.backward()`` on the loss it returns (the default backward, for a
+    step_fn that computes the loss and leaves backward to the caller)."""
+
+    def __init__(self, step_fn: StepFn) -> None:
+        self.step_fn = step_fn
+
+    def __call__(self, model: torch.nn.Module, batch: Any) -> Any:
+        loss = self.step_fn(model, batch)
+        if _is_loss(loss):
+            loss.backward()
+            return loss.detach()
+        return loss
+
+
+def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None) -> tuple[StepFn, Any]:
+    """Run the training step once on ``batch`` (as the step receives it: on the device already)
+    and return ``(the step to measure, what this run returned)``.
+
+    Raises, naming the value and the fix, for a model on the meta device, images of another
+    device or floating dtype than the model (default step), a step that raised on a device or
+    dtype mismatch, and a ``step_fn`` that neither ran backward nor returned a loss while the model
+    has trainable parameters. A ``step_fn`` that returns a loss without calling backward gets the
+    default backward: the returned step is :class:`BackwardOnLoss`. Other errors of the step
+    propagate unchanged, with a note that they happened on the first batch.
+    """
+    check_model(model)
+    if step_fn is None or step_fn is default_step:
+        _check_default_inputs(model, batch)
+        step = default_step
+    else:
+        step = step_fn
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    accumulated = [0]
+
+    def count(_: torch.Tensor) -> None:
+        accumulated[0] += 1
+
+    handles = [p.register_post_accumulate_grad_hook(count) for p in trainable]
+    try:
+        out = step(model, batch)
+    except Exception as exc:
+        hint = None if step is default_step else _mismatch_hint(model, batch, exc)
+        if hint is not None:
+            raise ValueError(f"step_fn raised {type(exc).__name__} on the first batch, before any measurement: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} - {hint}") from exc
+        if hasattr(exc, "add_note"):
+            exc.add_note("pipeline_opt: raised by the training step on the first batch, before any measurement")
+        raise
+    finally:
+        for h in handles:
+            h.remove()
+    if not trainable or accumulated[0] > 0:
+        return step, out
+    if step is default_step:
+        log.warning("the model's output does not require grad although %d parameter(s) do (a forward under "
+                    "torch.no_grad?): the default step measures a forward without backward", len(trainable))
+        return step, out
+    if _is_loss(out):
+        log.info("step_fn returned the loss without calling backward: the profiler runs loss.backward() after it")
+        out.backward()
+        return BackwardOnLoss(step_fn), out.detach()
+    raise TypeError(
+        f"step_fn ran no backward (none of the model's {len(trainable)} trainable parameters received a gradient) "
+        f"and returned {_describe(out)}, not a loss to run it on; call loss.backward() inside step_fn, or "
+        "return the loss (a scalar tensor that requires grad) and the profiler runs backward on it; for a "
+        "forward-only step, freeze the parameters (requires_grad_(False))")
+
+
+class CheckedStep:
+    """The training step as the front doors run it: the first call is :func:`validate_step` (one real
+    step, with clear errors), later calls run the step it chose.
+
+    :meth:`check` validates on a batch as the loader yields it (moved to ``device`` first on CUDA)."""
+
+    def __init__(self, step_fn: StepFn | None, device: torch.device | str | None = None) -> None:
+        if isinstance(step_fn, CheckedStep):
+            step_fn = step_fn.user
+        self.user = step_fn
+        self.device = None if device is None else torch.device(device)
+        self.step: StepFn | None = None
+
+    @property
+    def checked(self) -> bool:
+        return self.step is not None
+
+    def __call__(self, model: torch.nn.Module, batch: Any) -> Any:
+        if self.step is None:
+            self.step, out = validate_step(model, batch, self.user)
+            return out
+        return self.step(model, batch)
+
+    def check(self, model: torch.nn.Module, batch: Any) -> None:
+        """Validate on ``batch`` unless done already (a CUDA device receives the batch first, as in a step)."""
+        if self.step is not None:
+            return
+        if self.device is not None and self.device.type == "cuda":
+            batch = move_to_device(batch, self.device)
+        self(model, batch)
 
 
 class ModelStateGuard:

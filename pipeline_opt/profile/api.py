@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard, default_step, resolve_device
+from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import LoopProfiler, _epoch_length, profile_loop
 from pipeline_opt.profile.install import (
@@ -69,7 +69,11 @@ def profile(
             bitwise afterwards (the optimizer is never called by the default step).
         step_fn: ``step_fn(model, batch)``, the training step; default: forward + backward on the
             batch's images (:func:`pipeline_opt._step.default_step`). On CUDA the batch's tensors are
-            moved to the device (``non_blocking``) before the step.
+            moved to the device (``non_blocking``) before the step. A step_fn that returns the loss
+            without calling backward gets ``loss.backward()`` run after it. The first step is a check
+            (:func:`pipeline_opt._step.validate_step`): a model on the meta device, images of another
+            dtype or device than the model, or a step that neither runs backward nor returns a loss
+            raise an error naming the value and the fix.
         steps: measured steps; warmup: steps left out first (at least ``num_workers *
             prefetch_factor`` are, since those batches were pre-filled).
         device: where the step runs (default: the model's device).
@@ -90,7 +94,7 @@ def profile(
     _validate(steps, warmup, model, step_fn)
     validate_trace_steps(trace_steps)
     dev = resolve_device(model, device)
-    step = step_fn or default_step
+    step = CheckedStep(step_fn, dev)  # the first step, before the measured window, validates it (clear errors)
     config = describe_loader(loader)
     skip = skip_steps(warmup, config)
     trace_steps = steps if trace_steps is None else trace_steps

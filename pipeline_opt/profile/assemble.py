@@ -81,6 +81,15 @@ def _clamp(x: float) -> float:
     return min(max(x, 0.0), 1.0)
 
 
+def _main_cpu_per_step(main: MainResult, num_workers: int) -> float:
+    """The training process's CPU seconds per measured step, less the main thread's CPU inside
+    ``next(loader)`` when it makes the batches itself (``num_workers=0``: workers would take that)."""
+    if not main.steps or main.cpu_s <= 0:
+        return 0.0
+    own = main.cpu_s - (main.data_cpu_s if num_workers == 0 else 0.0)
+    return max(own, 0.0) / len(main.steps)
+
+
 def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_config: dict[str, Any],
                  device: torch.device, model: torch.nn.Module | None,
                  limit_throughput: float | None, dataset: Any = None) -> ProfileReport:
@@ -163,5 +172,6 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         environment=env,
         sync_frac=sync_frac,
         traced_steps=main.traced_steps,
+        main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)),
         trace_events=tuple(trace_events),
     )

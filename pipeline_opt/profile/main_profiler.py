@@ -19,6 +19,11 @@ per-step ``h2d_s`` / ``compute_s`` are CUDA-event intervals read after the final
 No synchronisation happens inside the window, so the CPU may run ahead of the GPU as it does in
 training. ``data_wait_s`` is host time blocked in ``next(loader)`` (pure host work) and ``launch_s``
 is the host time spent issuing the step. On CPU every interval is host time.
+
+The window also records the CPU seconds of the training process (every thread: the main thread's
+step, the pin-memory thread, torch's intra-op pool) and of the main thread inside ``next(loader)``:
+the tuner's CPU budget reserves for the training process what it measurably uses, not a fixed
+core per thread (:mod:`pipeline_opt.tune.budget`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ from pipeline_opt.report.progress import progress_bar
 log = get_logger("profile.main")
 
 RANGE_NAMES = ("data_wait", "h2d", "step")
+# Kineto's lowest severity above USDT: nothing of its own on stderr. Without it, every profile on a
+# machine with no GPU ends with "ERROR: ... gpuGetDeviceCount failed with code 35" (Kineto asks the
+# CUDA runtime for devices even when only CPU activities are recorded) and two start/stop lines.
+KINETO_QUIET_LEVEL = "6"
 DEFAULT_TRACE_STEPS: int | None = 10  # torch.profiler records the last 10 measured steps
 _IGNORED_OP_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "pipeline_opt::")
 
@@ -85,6 +94,8 @@ class MainResult:
     sync_s: float  # self CPU seconds in host-device sync / collective ops over the window
     sync_ops: tuple[str, ...]
     gpu_idle_frac: float | None
+    cpu_s: float = 0.0  # CPU seconds of this process (every thread, no worker process) over the window
+    data_cpu_s: float = 0.0  # CPU seconds of the main thread inside next(loader) over the window
 
 
 @dataclass
@@ -131,6 +142,9 @@ class StepProfiler:
         self._trace: dict[str, Any] | None = None
         self._key_averages: Any = None
         self._stopped = False
+        self._cpu = [0.0, 0.0]  # process CPU seconds at the window's start and end
+        self._data_cpu = 0.0  # main-thread CPU seconds inside next(loader), measured steps only
+        self._data_cpu0 = 0.0
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -190,6 +204,7 @@ class StepProfiler:
         self._session[0] = time.time_ns()
         if self.trace_steps == 0:
             return
+        quiet_kineto_without_gpu()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         sched = schedule(wait=self.window_end, warmup=1, active=self.trace_steps, repeat=1)
         self._prof = torch.profiler.profile(
@@ -211,10 +226,12 @@ class StepProfiler:
         if self.index == self.skip:
             self._sync()
             self._window[0] = time.time_ns()
+            self._cpu[0] = time.process_time()
         if self.index == self.trace_start and self.trace_steps:
             self._sync()  # work queued before the trace began is not in it: drain it, or it reads as idle
             self._traced[0] = time.time_ns()
         self._cur = _Step(self.index, t_request=time.time_ns())
+        self._data_cpu0 = time.thread_time()
         self._open("data_wait")
 
     def abort_data(self) -> None:
@@ -234,6 +251,8 @@ class StepProfiler:
         self._close()
         cur = self._cur
         cur.t_received = time.time_ns()
+        if self.skip <= cur.index < self.window_end:
+            self._data_cpu += time.thread_time() - self._data_cpu0
         cur.samples = batch_size_of(batch)
         self._receipts.append(BatchReceipt(cur.index, self._epoch, self._position, cur.t_request, cur.t_received))
         self._position += 1
@@ -276,6 +295,7 @@ class StepProfiler:
         if self.index == self.window_end - 1:
             self._sync()
             self._window[1] = time.time_ns()
+            self._cpu[1] = time.process_time()
         if self.trace_steps and self.index == self.total - 1:
             self._sync()  # before prof.step() ends the trace: the traced steps' kernels must have run
             self._traced[1] = time.time_ns()
@@ -294,6 +314,7 @@ class StepProfiler:
         if self._window[0] and not self._window[1]:
             self._sync()
             self._window[1] = time.time_ns()
+            self._cpu[1] = time.process_time()
         if self._traced[0] and not self._traced[1]:
             self._sync()
             self._traced[1] = time.time_ns()
@@ -350,6 +371,8 @@ class StepProfiler:
             sync_s=sync_s,
             sync_ops=sync_ops,
             gpu_idle_frac=self._gpu_idle(events) if self.cuda and offset_ok else None,
+            cpu_s=max(self._cpu[1] - self._cpu[0], 0.0) if self._window[0] else 0.0,
+            data_cpu_s=self._data_cpu,
         )
 
     def _step_records(self) -> tuple[StepRecord, ...]:
@@ -416,6 +439,18 @@ class StepProfiler:
         rows = [r for r in self._op_rows() if is_sync_op(r.name)]
         rows.sort(key=lambda r: -r.self_cpu_s)
         return sum(r.self_cpu_s for r in rows), tuple(r.name for r in rows if r.self_cpu_s > 0)
+
+
+def quiet_kineto_without_gpu() -> None:
+    """On a machine without CUDA, keep Kineto's own log lines off stderr (see ``KINETO_QUIET_LEVEL``).
+
+    Kineto reads ``KINETO_LOG_LEVEL`` once, when the process's first profiler starts, so it is set
+    before that; a value the user set is kept, and CUDA machines keep Kineto's messages (there they
+    can name a real problem, e.g. CUPTI missing).
+    """
+    if "KINETO_LOG_LEVEL" in os.environ or torch.cuda.is_available():
+        return
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET_LEVEL
 
 
 def validate_trace_steps(trace_steps: object) -> None:

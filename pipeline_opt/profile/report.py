@@ -82,6 +82,9 @@ class ProfileReport:
     sync_frac: float = 0.0  # share of the window in host-device syncs / collectives (self CPU time)
     traced_steps: int = 0  # measured steps torch.profiler recorded (op tables, GPU idle, sync come from them)
     validation: Any = None  # ValidationInterference: the steps after validation passes (profile_loop, attach)
+    # CPU seconds per measured step of the training process outside making batches in its own main
+    # thread (the step, the pin-memory thread, intra-op threads, receiving the workers' batches); 0: unknown
+    main_cpu_s: float = 0.0
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:

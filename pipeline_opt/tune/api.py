@@ -36,13 +36,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard, default_step, resolve_device
+from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
-from pipeline_opt.tune.candidates import LoaderConfig, littles_law_workers
+from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers
 from pipeline_opt.tune.exactness import (
     PixelChange,
     changes_in,
@@ -145,7 +145,7 @@ def autotune(
     if not isinstance(exact, bool):
         raise TypeError(f"exact={exact!r} must be True (bit-identical samples only) or False")
     dev = resolve_device(model, device)
-    step = step_fn if step_fn is not None else default_step
+    step = CheckedStep(step_fn, dev)  # validated on the probe's batch, before any measurement
     if profiler is None:
         from pipeline_opt.profile import profile as profiler
     deadline = t_start + float(time_budget_s)
@@ -163,15 +163,15 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
           max_workers, progress, seed, min_gain, shared_slots, exact=False) -> TuneResult:
     baseline_cfg = LoaderConfig.of(loader)
     budget_s = deadline - t_start
+    probe = probe_batch(loader, check=lambda batch: step.check(model, batch))
     t0 = time.monotonic()
     baseline_report = _profile(profiler, loader, model, step_fn, dev, "the baseline trial (the loader as given)")
     profile_s = time.monotonic() - t0
     bar.set_postfix(f"baseline {baseline_report.throughput:,.1f} samples/s")
 
-    probe = probe_batch(loader)
     worker_rss = max((w.rss_bytes for w in baseline_report.workers if w.worker_id >= 0), default=0)
     budget = probe_budget(loader, pin_thread=dev.type == "cuda", worker_rss_bytes=worker_rss or None,
-                          user_max=max_workers, probe=probe)
+                          user_max=max_workers, probe=probe, report=baseline_report)
     for line in budget.reasons:
         log.debug("budget %s", line)
 
@@ -223,6 +223,9 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     guess_n = _first_guess(baseline_report, probe, budget, measured)
     guess, levers = _combined_guess(baseline_cfg.with_(num_workers=guess_n), baseline_report, probe, budget,
                                     measured, gpu_plan, draft_plan)
+    plan = runner.plan(guess, budget_s=budget_s, spent_s=time.monotonic() - t_start, reserve_s=reserve,
+                       noise=search.noise)  # before any trial: warn at once when the budget holds none
+    (log.warning if plan.warning else log.info)("autotune: %s", plan.warning or plan.text)
     why = f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
@@ -255,7 +258,7 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         loader=final, config=config, baseline=baseline_report, best=best_report,
         trials=outcome.trials, speedup=outcome.speedup, noise=outcome.noise, tuning_time_s=time.monotonic() - t_start,
         not_tried=outcome.not_tried, original_config=outcome.baseline.to_dict(), verdict=verdict,
-        budget=budget.to_dict(), exactness=exactness_of(config), pixel_changes=pixel_changes,
+        budget={**budget.to_dict(), "plan": plan.text}, exactness=exactness_of(config), pixel_changes=pixel_changes,
         pixel_checks=tuple(checks), exact=exact, baseline_throughput=outcome.baseline_throughput,
         best_throughput=outcome.best_throughput if outcome.best != outcome.baseline else outcome.baseline_throughput,
     )
@@ -365,7 +368,8 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_sl
         return
     if not search.incumbent.persistent_workers:
         # clone_loader keeps a persistent clone's epoch order equal to the original's
-        search.try_change("persistent_workers -> True", persistent_workers=True)
+        if search.try_change("persistent_workers -> True", persistent_workers=True):
+            search.tune_workers("num_workers with persistent workers")  # restarts no longer price the workers
     pf = search.incumbent.prefetch_factor or 2
     if not search.try_change(f"prefetch_factor {pf} -> {2 * pf}", prefetch_factor=2 * pf) and pf > 1:
         search.try_change(f"prefetch_factor {pf} -> {pf // 2}", prefetch_factor=pf // 2)
@@ -417,7 +421,8 @@ def _guess_inputs(report: ProfileReport, probe, measured_compute_s: float) -> tu
 
 def _first_guess(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> int:
     batch_s, step_s = _guess_inputs(report, probe, measured_compute_s)
-    return max(1, min(budget.max_workers, littles_law_workers(batch_s, step_s)))
+    return epoch_workers(max(1, min(budget.max_workers, littles_law_workers(batch_s, step_s))),
+                         budget.batches_per_epoch)
 
 
 def _guess_reason(report: ProfileReport, probe, budget: ResourceBudget, measured_compute_s: float) -> str:

@@ -3,10 +3,19 @@
 How many DataLoader workers this process may run is limited by four things, each recorded with
 its reason so the report can say why a candidate was capped or skipped:
 
-* **CPU**: the cores in ``os.sched_getaffinity``, minus one for the main (training) thread and one
-  for the pin-memory thread when pinning to an accelerator, divided among the local distributed
-  ranks. A worker that mostly waits (I/O, sleep) needs only a fraction of a core, so the cap is
-  ``usable_cpus / cpu_fraction`` (bounded by an oversubscription ceiling).
+* **CPU**: the cores in ``os.sched_getaffinity`` divided among the local distributed ranks, minus
+  what the training process itself needs: the main thread's step, the pin-memory thread when
+  pinning to an accelerator. That share comes from measurement where the baseline profile has it:
+  with ``c`` CPU seconds per step in the training process and ``b`` CPU seconds per batch in a
+  worker, a pipeline that keeps every core busy gives the training process ``c / (c + b)`` of them
+  (a main thread that waits 86% of each step does not own a core; one that launches kernels all
+  step long does). It is never more than the fixed rule it replaces (one core for the main
+  thread, one for the pin-memory thread), which stays the rule when nothing was measured. A
+  worker that mostly waits (I/O, sleep) needs only a fraction of a core, so the cap is
+  ``usable_cpus / cpu_fraction`` rounded to the nearest worker (a worker left half a core or more
+  is worth a trial: on a 2-core machine two workers read 284/259 img/s against 225/235 for none
+  while the main thread waited 86% of each step; the trials decide) and bounded by an
+  oversubscription ceiling.
 * **RAM**: available memory divided by the memory one worker needs.
 * **/dev/shm**: every worker keeps ``prefetch_factor`` batches in shared memory.
 * **the dataset**: more workers than batches per epoch never helps.
@@ -21,7 +30,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +68,9 @@ class ResourceBudget:
     batches_per_epoch: int | None
     user_cap: int | None
     reasons: tuple[str, ...] = ()
+    reserved_cpus: float = 0.0  # per rank, for the training process (main and pin-memory threads)
+    main_cpu_s: float | None = None  # measured CPU seconds per step of the training process (None: not measured)
+    worker_cpu_s: float | None = None  # CPU seconds a worker spends per batch (None: not measured)
 
     def shm_allows(self, num_workers: int, prefetch_factor: int | None) -> tuple[bool, str]:
         """Whether ``num_workers * prefetch_factor`` batches fit in the /dev/shm share."""
@@ -84,12 +96,38 @@ class ResourceBudget:
         return asdict(self)
 
 
+def reserved_cpus(per_rank: float, pin_thread: bool, main_cpu_s: float | None,
+                  worker_cpu_s: float | None, pin_cpu_s: float = 0.0) -> tuple[float, str]:
+    """Cores (per rank) the training process keeps for itself, and the sentence why.
+
+    Measured: ``per_rank * c / (c + b)`` with ``c`` the training process's CPU seconds per step
+    (``main_cpu_s``, plus ``pin_cpu_s`` for a pin-memory thread it does not run yet) and ``b`` a
+    worker's CPU seconds per batch: its share when every core is busy. Never more than the fixed
+    rule (one core for the main thread, one for the pin-memory thread), which is the answer when
+    either number is missing."""
+    fixed = 1.0 + (1.0 if pin_thread else 0.0)
+    threads = "main and pin-memory threads" if pin_thread else "main thread"
+    if main_cpu_s is None or main_cpu_s < 0 or not worker_cpu_s or worker_cpu_s <= 0:
+        return fixed, f"{fixed:g} for the {threads} (not measured)"
+    c = main_cpu_s + (max(0.0, pin_cpu_s) if pin_thread else 0.0)
+    busy = per_rank * c / (c + worker_cpu_s)
+    reserved = min(fixed, busy)
+    pin = f" (pinning {pin_cpu_s * 1e3:.1f} ms included)" if pin_thread and pin_cpu_s > 0 else ""
+    why = (f"{reserved:.2f} for the {threads}: the training process measured {c * 1e3:.1f} ms of CPU per step"
+           f"{pin} against {worker_cpu_s * 1e3:.1f} ms per batch in a worker, so with every core busy it keeps "
+           f"{busy:.2f} busy" + (f" (at most {fixed:g}, the fixed rule)" if busy > fixed else ""))
+    return reserved, why
+
+
 def compute_budget(
     *,
     cpus: int,
     local_ranks: int = 1,
     pin_thread: bool = False,
     cpu_fraction: float = 1.0,
+    main_cpu_s: float | None = None,
+    worker_cpu_s: float | None = None,
+    pin_cpu_s: float = 0.0,
     ram_available_bytes: int,
     ram_per_worker_bytes: int = DEFAULT_WORKER_RAM_BYTES,
     shm_free_bytes: int | None = None,
@@ -98,20 +136,24 @@ def compute_budget(
     batches_per_epoch: int | None = None,
     user_max: int | None = None,
 ) -> ResourceBudget:
-    """The budget from plain numbers (no probing); every cap comes with a sentence in ``reasons``."""
+    """The budget from plain numbers (no probing); every cap comes with a sentence in ``reasons``.
+
+    ``main_cpu_s`` (the training process's CPU seconds per step), ``worker_cpu_s`` (a worker's CPU
+    seconds per batch) and ``pin_cpu_s`` (the pin-memory thread's per batch, when the measured
+    process did not pin yet) size the training process's reserve (:func:`reserved_cpus`)."""
     if cpus < 1:
         raise ValueError(f"cpus={cpus!r} must be >= 1")
     if local_ranks < 1:
         raise ValueError(f"local_ranks={local_ranks!r} must be >= 1")
     reasons: list[str] = []
-    reserved = 1 + (1 if pin_thread else 0)
-    usable = max(1.0, cpus / local_ranks - reserved)
+    per_rank = cpus / local_ranks
+    reserved, why = reserved_cpus(per_rank, pin_thread, main_cpu_s, worker_cpu_s, pin_cpu_s)
+    usable = max(1.0, per_rank - reserved)
     frac = min(1.0, max(MIN_CPU_FRACTION, float(cpu_fraction)))
-    cpu_cap = max(1, int(math.floor(usable / frac + 1e-9)))
+    cpu_cap = max(1, int(math.floor(usable / frac + 0.5)))
     reasons.append(
-        f"cpu: {cpus} core(s) in the affinity mask / {local_ranks} local rank(s) - {reserved} for the main"
-        f"{' and pin-memory threads' if pin_thread else ' thread'} = {usable:g} usable; a worker keeps "
-        f"{frac:.0%} of a core busy -> up to {cpu_cap} workers"
+        f"cpu: {cpus} core(s) in the affinity mask / {local_ranks} local rank(s) - {why} = {usable:.2f} usable; "
+        f"a worker keeps {frac:.0%} of a core busy -> up to {cpu_cap} workers"
     )
     per_worker = max(1, int(ram_per_worker_bytes))
     ram_cap = max(1, int(RAM_FRACTION * ram_available_bytes // per_worker))
@@ -138,7 +180,8 @@ def compute_budget(
         usable_cpus=usable, cpu_fraction=frac, cpu_cap=cpu_cap, ram_available_bytes=int(ram_available_bytes),
         ram_per_worker_bytes=per_worker, ram_cap=ram_cap, shm_free_bytes=shm_free_bytes,
         bytes_per_batch=int(bytes_per_batch), shm_cap=shm_cap, batches_per_epoch=batches_per_epoch,
-        user_cap=user_max, reasons=tuple(reasons),
+        user_cap=user_max, reasons=tuple(reasons), reserved_cpus=reserved, main_cpu_s=main_cpu_s,
+        worker_cpu_s=worker_cpu_s,
     )
 
 
@@ -187,6 +230,7 @@ class BatchProbe:
     cpu_s: float
     bytes: int
     runqueue_s: float = 0.0  # runnable but waiting for a core (other processes' load), not the dataset's own wait
+    pin_cpu_s: float = 0.0  # CPU seconds to copy the batch into page-locked memory (0: no accelerator here)
 
     @property
     def cpu_fraction(self) -> float:
@@ -205,8 +249,12 @@ def _thread_sched() -> tuple[float, float] | None:
         return None
 
 
-def probe_batch(loader: Any) -> BatchProbe | None:
-    """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error."""
+def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> BatchProbe | None:
+    """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error.
+
+    ``check(batch)`` then runs on that batch (the front door's step validation,
+    :class:`pipeline_opt._step.CheckedStep`); its errors propagate, the loader's do not (the
+    baseline measurement surfaces those with context)."""
     from pipeline_opt.loader_clone import clone_loader
 
     try:
@@ -219,11 +267,64 @@ def probe_batch(loader: Any) -> BatchProbe | None:
     except Exception as exc:  # the baseline measurement surfaces real errors with context
         log.debug("batch probe failed (%s); assuming CPU-bound workers", exc)
         return None
+    if check is not None:
+        check(batch)
     runqueue = 0.0
     if s0 is not None and s1 is not None:
         runqueue = max(0.0, s1[1] - s0[1])
         cpu = max(cpu, s1[0] - s0[0])
-    return BatchProbe(wall_s=wall, cpu_s=cpu, bytes=tensor_bytes(batch), runqueue_s=runqueue)
+    return BatchProbe(wall_s=wall, cpu_s=cpu, bytes=tensor_bytes(batch), runqueue_s=runqueue,
+                      pin_cpu_s=pin_cpu_seconds(batch))
+
+
+def pin_cpu_seconds(batch: Any) -> float:
+    """CPU seconds the pin-memory thread spends on ``batch`` (copying it into page-locked memory),
+    measured on a second copy (the first allocates the host cache); 0.0 without an accelerator."""
+    if not torch.cuda.is_available():
+        return 0.0
+    tensors = [t for t in _tensors_of(batch) if t.device.type == "cpu"]
+    if not tensors:
+        return 0.0
+    try:
+        for t in tensors:
+            t.pin_memory()
+        c0 = time.thread_time()
+        for t in tensors:
+            t.pin_memory()
+        return time.thread_time() - c0
+    except RuntimeError as exc:  # no usable driver: the pin-memory thread is then not measurable
+        log.debug("could not time pinning (%s)", exc)
+        return 0.0
+
+
+def _tensors_of(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _tensors_of(v)]
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return [t for v in batch for t in _tensors_of(v)]
+    return []
+
+
+def measured_cpu(report: Any, probe: BatchProbe | None, pin_thread: bool) -> tuple[float | None, float | None, float]:
+    """``(main_cpu_s, worker_cpu_s, pin_cpu_s)`` for :func:`compute_budget` from the baseline
+    profile and the probe batch; None where not measured.
+
+    The training process's CPU per step is the profile's ``main_cpu_s``; a worker's CPU per batch
+    is the profile's worker seconds per batch times the probe's CPU fraction (the probe's own CPU
+    seconds without a profile); the pin-memory thread's is the probe's pinning time unless the
+    profiled loader pinned with workers already (its thread is then in ``main_cpu_s``)."""
+    main = getattr(report, "main_cpu_s", 0.0) or None
+    batch_wall = getattr(report, "batch_cpu_s", 0.0) or 0.0
+    if batch_wall > 0:
+        worker = batch_wall * (probe.cpu_fraction if probe is not None else 1.0)
+    else:
+        worker = probe.cpu_s if probe is not None and probe.cpu_s > 0 else None
+    config = getattr(report, "loader_config", None) or {}
+    pinned_already = bool(config.get("pin_memory")) and int(config.get("num_workers") or 0) > 0
+    pin = probe.pin_cpu_s if pin_thread and probe is not None and not pinned_already else 0.0
+    return main, worker, pin
 
 
 def probe_budget(
@@ -233,8 +334,10 @@ def probe_budget(
     worker_rss_bytes: int | None = None,
     user_max: int | None = None,
     probe: BatchProbe | None = None,
+    report: Any = None,
 ) -> ResourceBudget:
-    """The budget of this process for ``loader`` (affinity, LOCAL_WORLD_SIZE, RAM, /dev/shm, probe batch)."""
+    """The budget of this process for ``loader`` (affinity, LOCAL_WORLD_SIZE, RAM, /dev/shm, probe batch;
+    the training process's CPU reserve from the baseline ``report``, a ProfileReport, when given)."""
     probe = probe if probe is not None else probe_batch(loader)
     per_worker = DEFAULT_WORKER_RAM_BYTES if not worker_rss_bytes else int(worker_rss_bytes)
     prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
@@ -244,9 +347,11 @@ def probe_budget(
         batches = len(loader)
     except TypeError:
         batches = None
+    main_cpu, worker_cpu, pin_cpu = measured_cpu(report, probe, pin_thread)
     return compute_budget(
         cpus=affinity_cpus(), local_ranks=local_world_size(), pin_thread=pin_thread,
         cpu_fraction=1.0 if probe is None else probe.cpu_fraction,
+        main_cpu_s=main_cpu, worker_cpu_s=worker_cpu, pin_cpu_s=pin_cpu,
         ram_available_bytes=int(psutil.virtual_memory().available), ram_per_worker_bytes=per_worker,
         shm_free_bytes=shm_free_bytes(), bytes_per_batch=0 if probe is None else probe.bytes,
         prefetch_factor=prefetch, batches_per_epoch=batches, user_max=user_max,

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from pipeline_opt.loader_clone import loader_config
 
 DECODES = ("pil", "draft", "nvjpeg")
+DATA_BOUND_RATIO = 1.25  # a step this much longer than its own seconds waits for data
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,54 @@ def littles_law_workers(batch_s: float, step_s: float, margin: float = 0.25) -> 
     return int(need + max(1, math.ceil(margin * need)))
 
 
-def worker_neighbours(current: int, cap: int) -> list[int]:
-    """Local-search moves around ``current``: doubling, halving, then steps of a quarter (at least 1)."""
+def epoch_workers(workers: int, batches_per_epoch: int | None) -> int:
+    """The fewest workers that make an epoch of ``batches_per_epoch`` in as many rounds as ``workers`` do.
+
+    The DataLoader hands an epoch's batches to its workers in turn and starts every epoch anew,
+    so a data-bound epoch lasts ``ceil(batches / workers)`` rounds of one batch's latency: 16
+    batches take two rounds with 8 workers and with 14 alike (a round of 14, then one of 2), one
+    round with 16. Workers beyond the fewest for those rounds add processes, not speed."""
+    if workers < 1 or not batches_per_epoch or batches_per_epoch < 1:
+        return workers
+    rounds = math.ceil(batches_per_epoch / workers)
+    return min(workers, math.ceil(batches_per_epoch / rounds))
+
+
+def workers_to_keep_up(m: Any, num_workers: int) -> int | None:
+    """Little's law from a measured configuration that is still data-bound, else None.
+
+    ``m`` (a :class:`pipeline_opt.tune.measure.Measurement`) gives the step time it reached with
+    ``num_workers`` workers and the step's own seconds (``compute_s``); each worker then makes a
+    batch in about ``step_s * num_workers`` seconds, and :func:`littles_law_workers` says how many
+    keep a ``compute_s`` step fed. None when the step is within ``DATA_BOUND_RATIO`` of its own
+    seconds (not data-bound) or either number is missing."""
+    compute = float(getattr(m, "compute_s", 0.0) or 0.0)
+    step = float(getattr(m, "step_s", 0.0) or 0.0)
+    if num_workers < 1 or compute <= 0 or not math.isfinite(step) or step <= DATA_BOUND_RATIO * compute:
+        return None
+    return littles_law_workers(step * num_workers, compute)
+
+
+def worker_neighbours(current: int, cap: int, *, need: int | None = None,
+                      batches_per_epoch: int | None = None) -> list[int]:
+    """Local-search moves around ``current``: Little's law's count when it asks for more (``need``,
+    capped: a data-bound pipeline climbs to what it needs in one move, not by doublings), then
+    doubling, halving, and steps of a quarter (at least 1).
+
+    With ``batches_per_epoch`` each move becomes the fewest workers making an epoch in as many
+    rounds (:func:`epoch_workers`), and moves equal to ``current`` in rounds are dropped: they
+    measure the same speed."""
     step = max(1, current // 4)
     moves = [min(cap, max(current + 1, 2 * current)), max(1, current // 2), current + step, current - step]
+    if need is not None and need > current:
+        moves.insert(0, min(cap, need))
+    here = epoch_workers(current, batches_per_epoch) if current >= 1 else current
     out: list[int] = []
     for w in moves:
+        if batches_per_epoch and w >= 1:
+            w = epoch_workers(w, batches_per_epoch)
+            if w == here:
+                continue
         if 1 <= w <= cap and w != current and w not in out:
             out.append(w)
     return out

@@ -4,11 +4,18 @@ A trial starts the loader's workers, discards the first ``max(warmup, num_worker
 start-up, and the burst of one batch per worker that was ready when the first one arrived), then
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
-training run does; a window that holds such a restart is marked (``Measurement.startup_windows``)
-and left out of the noise estimate, not out of the throughput. Every trial ends with its worker
-processes shut down; a worker that died or hung (the trial loader carries a DataLoader
-``timeout``) fails the trial with a :class:`TrialFailed` instead of hanging the tuner. The caller protects the model's state
-(:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an optimizer.
+training run does, and every window pays them in proportion to its steps (:func:`epoch_charged`):
+the wait of a step that began a new epoch (worker start-up unless persistent, then refilling the
+empty pipeline) is taken out of the window it fell in and ``steps / batches_per_epoch`` restarts
+are charged to every window instead. Without that, on a 4-batch epoch two of three short windows
+miss the restart and their median hides it: persistent workers could never win, and a candidate
+with fewer workers (shorter windows of whole worker rounds) read faster than one with more.
+Every trial ends with its worker processes shut down; a worker that died or
+hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
+:class:`TrialFailed` instead of hanging the tuner. A window that still holds a restart's
+refill is marked (``Measurement.startup_windows``) and left out of the noise estimate. The caller
+protects the model's state (:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an
+optimizer.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt.tune import timing
 
 log = get_logger("tune.measure")
 
@@ -60,6 +68,9 @@ class Measurement:
             return 0.0
         m = float(statistics.median(w))
         return 0.0 if m <= 0 else (max(w) - min(w)) / m
+    batches_per_epoch: int | None = None  # None: the loader has no length (no restart charged)
+    restart_s: float = 0.0  # extra seconds a new epoch cost (measured, or estimated from the start-up)
+    restarts_seen: int = 0  # epoch starts inside the trial that measured restart_s
 
     @property
     def median(self) -> float:
@@ -174,6 +185,56 @@ def num_workers_of(loader: Any) -> int:
     return int(getattr(_dataloaders_under(loader)[-1], "num_workers", 0) or 0)
 
 
+def batches_per_epoch(loader: Any) -> int | None:
+    """Batches one epoch of ``loader`` yields (``len``), None when it has no length."""
+    for dl in _dataloaders_under(loader):
+        try:
+            n = len(dl)
+        except TypeError:
+            continue
+        return int(n) if n > 0 else None
+    return None
+
+
+def persistent_of(loader: Any) -> bool:
+    """Whether the innermost DataLoader under ``loader`` keeps its workers between epochs."""
+    return bool(getattr(_dataloaders_under(loader)[-1], "persistent_workers", False))
+
+
+def continuous(loader: Any) -> bool:
+    """Whether ``loader``'s epochs run on without a restart: ultralytics' InfiniteDataLoader keeps one
+    iterator over a repeating sampler (``.iterator``, ``.reset()``), so its workers never refill."""
+    inner = _dataloaders_under(loader)[-1]
+    return hasattr(inner, "iterator") and callable(getattr(inner, "reset", None))
+
+
+@dataclass(frozen=True)
+class WindowTiming:
+    """One measured window: wall seconds, samples, and the extra seconds of the epoch starts in it."""
+
+    seconds: float
+    samples: int
+    steps: int
+    restart_extra_s: tuple[float, ...] = ()  # per epoch start: its wait beyond a normal step's
+
+
+def epoch_charged(windows: list[WindowTiming], batches_per_epoch: int | None,
+                  restart_s: float) -> tuple[float, ...]:
+    """Samples/s of each window with epoch restarts charged in proportion to its steps.
+
+    A window's own restarts (``restart_extra_s``) are taken out and ``steps / batches_per_epoch``
+    restarts of ``restart_s`` each are added, so every window of a trial, whatever its length and
+    wherever it starts, pays the restarts a long run pays per batch. ``batches_per_epoch=None``
+    (a loader without a length) leaves the windows as measured."""
+    out = []
+    for w in windows:
+        seconds = w.seconds
+        if batches_per_epoch:
+            seconds = seconds - sum(w.restart_extra_s) + w.steps * restart_s / batches_per_epoch
+        out.append(w.samples / max(seconds, 1e-9))
+    return tuple(out)
+
+
 def _shutdown(it: Any) -> None:
     if it is None:
         return
@@ -248,20 +309,25 @@ def measure_throughput(
     if seed is not None:
         _seed_everything(seed)
     workers = num_workers_of(loader)
+    epoch = batches_per_epoch(loader)
     skip = max(warmup, workers)  # each worker's first batch was decoded during the start-up
     before = live_children()
     stream = BatchStream(loader)
     t_start = time.perf_counter()
-    results: list[float] = []
+    results: list[WindowTiming] = []
+    waits: list[float] = []  # data waits of the measured steps that did not start an epoch
+    restart_waits: list[tuple[int, float]] = []  # (window index, -1 in the warm-up; its wait)
     batch_size = 0
     startup = 0.0
     computes: list[float] = []
     startup_windows: list[int] = []
     try:
         for i in range(skip + 1):
-            batch = _next(stream)
+            batch, wait, new_epoch = _timed_next(stream)
             if i == 0:
                 startup = time.perf_counter() - t_start
+            elif new_epoch:
+                restart_waits.append((-1, wait))
             synchronize(device)
             c0 = time.perf_counter()
             _step(step_fn, model, batch, device)
@@ -269,17 +335,21 @@ def measure_throughput(
             if i > 0:  # the first step pays one-off costs (allocator, cuDNN autotune)
                 computes.append(time.perf_counter() - c0)
             _check_deadline(deadline, results)
-        for _ in range(windows):
+        for k in range(windows):
             t0, samples, restarted = time.perf_counter(), 0, False
             for _ in range(steps):
-                batch = _next(stream)
+                batch, wait, new_epoch = _timed_next(stream)
                 # a new epoch's first skip + 1 batches carry its workers' start-up, as the first epoch's did
                 restarted |= workers > 0 and stream.since_start <= skip + 1
+                if new_epoch:
+                    restart_waits.append((k, wait))
+                else:
+                    waits.append(wait)
                 _step(step_fn, model, batch, device)
                 samples += batch_size_of(batch)
                 _check_deadline(deadline, results)
             synchronize(device)
-            results.append(samples / max(time.perf_counter() - t0, 1e-9))
+            results.append(WindowTiming(seconds=time.perf_counter() - t0, samples=samples, steps=steps))
             if restarted:
                 startup_windows.append(len(results) - 1)
             batch_size = max(batch_size, samples // steps)
@@ -292,10 +362,28 @@ def measure_throughput(
         killed = reap_new_children(before)
     if killed and not results:
         raise TrialFailed("worker_died", f"{len(killed)} worker(s) did not exit and were killed")
-    return Measurement(windows=tuple(results), steps_per_window=steps, batch_size=batch_size,
-                       startup_s=startup, elapsed_s=time.perf_counter() - t_start,
+    normal = float(statistics.median(waits)) if waits else 0.0
+    extra = [(k, max(0.0, w - normal)) for k, w in restart_waits]
+    if extra:
+        restart = statistics.fmean(x for _, x in extra)
+    elif continuous(loader):
+        restart = 0.0
+    else:
+        restart = timing.restart_estimate(startup, workers, persistent_of(loader))
+    timed = [WindowTiming(w.seconds, w.samples, w.steps, tuple(x for j, x in extra if j == k))
+             for k, w in enumerate(results)]
+    return Measurement(windows=epoch_charged(timed, epoch, restart), steps_per_window=steps,
+                       batch_size=batch_size, startup_s=startup, elapsed_s=time.perf_counter() - t_start,
                        compute_s=float(statistics.median(computes)) if computes else 0.0,
+                       batches_per_epoch=epoch, restart_s=restart, restarts_seen=len(extra),
                        startup_windows=tuple(startup_windows))
+
+
+def _timed_next(stream: BatchStream) -> tuple[Any, float, bool]:
+    """The next batch, the seconds waited for it, and whether it began a new epoch."""
+    epochs, t0 = stream.epochs, time.perf_counter()
+    batch = _next(stream)
+    return batch, time.perf_counter() - t0, stream.epochs != epochs
 
 
 class _OutOfTime(Exception):

@@ -58,7 +58,7 @@ from typing import Protocol
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt.tune.budget import ResourceBudget
-from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours
+from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours, workers_to_keep_up
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import Trial
 
@@ -476,13 +476,18 @@ class Search:
                          f"incumbent is now {self.incumbent.label()}", status="skipped")
 
     def tune_workers(self, why: str = "num_workers") -> None:
-        """Hill-climb num_workers from the incumbent (doubling, halving, quarter steps) within the budget."""
+        """Hill-climb num_workers from the incumbent within the budget: to Little's law's count while
+        the incumbent is still data-bound, then doubling, halving, quarter steps (in whole epoch rounds,
+        :func:`pipeline_opt.tune.candidates.worker_neighbours`)."""
         while not self.out_of_time:
             inc = self.incumbent
             if inc.num_workers == 0:
                 moves = [1]
             else:
-                moves = worker_neighbours(inc.num_workers, self.budget.max_workers)
+                runs = self.evidence(inc)
+                need = workers_to_keep_up(runs[-1], inc.num_workers) if runs else None
+                moves = worker_neighbours(inc.num_workers, self.budget.max_workers, need=need,
+                                          batches_per_epoch=self.budget.batches_per_epoch)
             for w in moves:
                 cand = inc.with_(num_workers=w)
                 if cand not in self.history and cand not in self.failed \

@@ -13,7 +13,7 @@ import torch
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig
-from pipeline_opt.tune.measure import Measurement, measure_throughput
+from pipeline_opt.tune.measure import Measurement, batches_per_epoch, measure_throughput
 
 
 @dataclass
@@ -61,7 +61,14 @@ class TrialRunner:
 
     def steps_for(self, cfg: LoaderConfig, step_s: float) -> int:
         return timing.steps_per_window(self.predict_step_s(cfg, step_s), cfg.num_workers, window_s=self.window_s,
-                                       min_steps=self.min_steps, max_steps=self.max_steps)
+                                       min_steps=self.min_steps, max_steps=self.max_steps,
+                                       batches_per_epoch=self.batches_per_epoch)
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """Batches per epoch of the user's loader (every candidate keeps its sampler and batch size)."""
+        loader = getattr(self.builder, "loader", None)
+        return None if loader is None else batches_per_epoch(loader)
 
     def warmup_for(self, cfg: LoaderConfig) -> int:
         """Batches ``cfg``'s trial discards on top of the workers' first burst (see the class docstring)."""
@@ -78,6 +85,22 @@ class TrialRunner:
                                seed=self.seed)
         self.remember(cfg, m)
         return m
+
+    def plan(self, first: LoaderConfig, *, budget_s: float, spent_s: float, reserve_s: float,
+             noise: float) -> timing.TrialPlan:
+        """Predict how many trials of about ``first``'s cost fit the budget
+        (:func:`pipeline_opt.tune.timing.plan_trials`) and adopt the plan's window length."""
+
+        def trial_s_at(window_s: float) -> float:
+            kept, self.window_s = self.window_s, window_s
+            try:
+                return self.estimate_s(first, 0.0)
+            finally:
+                self.window_s = kept
+
+        plan = timing.plan_trials(budget_s, spent_s, reserve_s, trial_s_at, self.window_s, noise)
+        self.window_s = plan.window_s
+        return plan
 
     def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float:
         """Seconds a trial of ``cfg`` should take (:func:`pipeline_opt.tune.timing.trial_seconds`)."""

@@ -15,6 +15,7 @@ from tune_fixtures import (
     digest,
     model_state,
     same_state,
+    slow_worker_start,
     tiny_model,
 )
 
@@ -131,3 +132,51 @@ def test_the_profiles_windows_are_marked_as_a_profile_not_a_trial():
     report = SimpleNamespace(steps=steps, batch_size=8, compute_time_s=0.05, step_time_s=0.1, data_wait_frac=0.5)
     m = _profile_measurement(report, LoaderConfig(num_workers=2), elapsed_s=3.0)
     assert m is not None and m.from_profile and m.windows and m.median == pytest.approx(80.0)
+
+
+@pytest.mark.timeout(90)
+def test_a_short_epoch_with_a_slow_worker_start_gets_persistent_workers():
+    # 4 batches an epoch and 0.3 s to start a worker: the restarts dominate, persistent workers remove them
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a second intra-op thread on a shared 2-core machine makes tiny steps erratic
+    try:
+        loader = DataLoader(Fast(n=16), batch_size=4, num_workers=1, worker_init_fn=slow_worker_start)
+        result = po.autotune(loader, tiny_model(), time_budget_s=15, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.config["persistent_workers"] and result.config["num_workers"] >= 1, result.verdict
+    kept = next(t for t in result.trials if t.accepted and t.config["persistent_workers"])
+    assert "persistent_workers -> True" in kept.reason
+    assert result.speedup > 2.0
+
+
+@pytest.mark.timeout(90)
+def test_a_data_bound_short_epoch_gets_the_workers_littles_law_asks_for():
+    # 8 batches an epoch, 80 ms of waiting per batch in one worker, a ~1 ms step: Little's law asks
+    # for ~80 workers, the budget allows 8 (one per batch of the epoch), and 8 persistent workers make
+    # an epoch in one round of 80 ms. Windows that missed the epoch restarts once read 4 and then 2
+    # workers as fast as 8 (a tie with fewer workers wins), and the tuner returned 2.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loader = DataLoader(SlowIO(n=32, latency_s=0.02), batch_size=4)
+        result = po.autotune(loader, tiny_model(), time_budget_s=20, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.budget["max_workers"] == 8, result.budget["reasons"]
+    assert result.config["num_workers"] == 8 and result.config["persistent_workers"], result.verdict
+    assert result.speedup > 3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_budget_too_small_for_one_trial_is_said_at_once(caplog):
+    # 200 ms a batch: the baseline's profile alone takes ~2 s of a 2.5 s budget
+    loader = DataLoader(SlowIO(n=400, latency_s=0.05), batch_size=4)
+    with caplog.at_level("INFO", logger="pipeline_opt"):
+        result = po.autotune(loader, tiny_model(), time_budget_s=2.5, progress=True)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warned = [i for i, (level, msg) in enumerate(lines) if level == "WARNING" and "holds the baseline only" in msg]
+    assert warned, lines
+    assert "would allow 3 trials" in lines[warned[0]][1]
+    assert not any(msg.startswith("trial 2") for _, msg in lines[:warned[0]]), "the warning comes before any trial"
+    assert "room for 0 trial(s)" in result.budget["plan"] and result.config == result.original_config

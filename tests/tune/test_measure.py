@@ -9,10 +9,17 @@ import time
 import pytest
 import torch
 from torch.utils.data import DataLoader, get_worker_info
-from tune_fixtures import Fast, SlowIO, tiny_model
+from tune_fixtures import Fast, SlowIO, slow_worker_start, tiny_model
 
 from pipeline_opt._step import default_step
-from pipeline_opt.tune.measure import TrialFailed, classify_loader_error, live_children, measure_throughput
+from pipeline_opt.tune.measure import (
+    TrialFailed,
+    WindowTiming,
+    classify_loader_error,
+    epoch_charged,
+    live_children,
+    measure_throughput,
+)
 
 CPU = torch.device("cpu")
 
@@ -95,3 +102,49 @@ def test_deadline_ends_the_trial_after_a_window():
 ])
 def test_classify_loader_error(exc, kind):
     assert classify_loader_error(exc) == kind
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: on a shared 2-core machine a second one makes a tiny step cost 1-150 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.timeout(60)
+def test_a_short_epochs_worker_start_up_is_counted_in_every_window(one_torch_thread):
+    # 4 batches an epoch, 0.3 s to start a worker: a window of 2 steps misses the restart in two of
+    # three windows, and the median of raw windows would read persistent workers as no faster
+    def run(persistent):
+        loader = DataLoader(Fast(n=16), batch_size=4, num_workers=1, worker_init_fn=slow_worker_start,
+                            persistent_workers=persistent)
+        return measure_throughput(loader, tiny_model(), default_step, CPU, windows=3, steps=2, warmup=1)
+
+    fresh, kept = run(False), run(True)
+    assert fresh.batches_per_epoch == 4 and fresh.restarts_seen >= 1 and fresh.restart_s >= 0.25
+    assert kept.restart_s < 0.15, "persistent workers only refill the pipeline"
+    assert kept.median > 1.5 * fresh.median, (kept.windows, fresh.windows)
+    assert fresh.spread < 0.5, "every window pays the same share of the restarts"
+
+
+def test_epoch_charged_moves_each_windows_restarts_into_proportion():
+    windows = [WindowTiming(seconds=0.2, samples=8, steps=2),
+               WindowTiming(seconds=0.5, samples=8, steps=2, restart_extra_s=(0.3,)),
+               WindowTiming(seconds=0.2, samples=8, steps=2)]
+    # 2 steps of a 4-batch epoch carry half a restart: 0.2 + 0.15 s per window, all alike
+    assert epoch_charged(windows, 4, 0.3) == pytest.approx((8 / 0.35,) * 3)
+    assert epoch_charged(windows, None, 0.3) == pytest.approx((40.0, 16.0, 40.0))  # no length: as measured
+
+
+def test_an_infinite_loader_runs_on_without_restarts():
+    from pipeline_opt.tune.measure import continuous
+
+    class Infinite(DataLoader):  # ultralytics' InfiniteDataLoader: one iterator over a repeating sampler
+        iterator = None
+
+        def reset(self):
+            self.iterator = None
+
+    assert continuous(Infinite(Fast(), batch_size=4)) and not continuous(DataLoader(Fast(), batch_size=4))

@@ -484,3 +484,79 @@ def test_a_profile_reading_above_the_trials_neither_sets_the_noise_nor_the_basel
 def test_a_measurement_from_a_trial_is_not_marked_as_a_profile():
     m = Measurement(windows=(1.0,), steps_per_window=1, batch_size=1, startup_s=0.0, elapsed_s=0.0)
     assert not m.from_profile
+
+
+# ---------------------------------------------------------------- a data-bound pipeline gets its workers
+
+EPOCH, BATCH, BATCH_S, START_S, STEP_S = 16, 128, 2.4, 0.5, 0.035  # 16 batches an epoch, 2.4 s a batch
+
+
+def _decode_bound(cfg):
+    """img/s of a 16-batch epoch whose batches take one worker 2.4 s and the step 35 ms: an epoch
+    is ceil(16 / workers) rounds of 2.4 s, plus the workers' start unless persistent."""
+    w = cfg.num_workers
+    if w == 0:
+        return BATCH / (BATCH_S + STEP_S)
+    rounds = -(-EPOCH // w)
+    return EPOCH * BATCH / (rounds * BATCH_S + (0.0 if cfg.persistent_workers else START_S) + STEP_S)
+
+
+class ComputeEvaluator(FakeEvaluator):
+    def measure(self, cfg, deadline, step_s):
+        m = super().measure(cfg, deadline, step_s)
+        return Measurement(windows=m.windows, steps_per_window=EPOCH, batch_size=BATCH, startup_s=m.startup_s,
+                           elapsed_s=m.elapsed_s, compute_s=STEP_S)
+
+
+def _tune_decode_bound(main_cpu_s):
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline_opt.tune.api import _first_guess, _tune_flags
+
+    budget = compute_budget(cpus=16, pin_thread=True, main_cpu_s=main_cpu_s, worker_cpu_s=BATCH_S, pin_cpu_s=0.015,
+                            ram_available_bytes=2**37, ram_per_worker_bytes=2**30, batches_per_epoch=EPOCH)
+    clock = Clock()
+    ev = ComputeEvaluator(clock, _decode_bound, cost_s=5.0)
+    s = Search(ev, budget, deadline=600.0, clock=clock)
+    base = LoaderConfig(4, pin_memory=True)
+    s.start(base, ev.measure(base, 0, 0))
+    report = SimpleNamespace(batch_cpu_s=BATCH_S, compute_time_s=STEP_S, step_time_s=0.6, data_wait_frac=0.94)
+    guess = _first_guess(report, None, budget, STEP_S)
+    s.calibrate(base.with_(num_workers=guess), "Little's law first guess")
+    s.tune_workers()
+    _tune_flags(s, None, torch.device("cuda"), shared_slots=False)
+    s.confirm()
+    return budget, guess, s.outcome(), ev
+
+
+def test_a_decode_bound_short_epoch_reaches_every_core_and_keeps_persistent_workers():
+    budget, guess, out, ev = _tune_decode_bound(main_cpu_s=0.035)
+    assert budget.max_workers == 16 and guess == 16  # Little's law (69 workers) capped by the measured budget
+    assert out.best == LoaderConfig(16, pin_memory=True, persistent_workers=True), out.verdict
+    assert out.best_throughput / out.baseline_throughput > 3.5
+    assert len(ev.calls) <= 9, [c.label() for c in ev.calls]
+
+
+def test_with_the_fixed_reserve_the_same_pipeline_takes_the_fewest_workers_of_two_rounds():
+    # 16 - main - pin = 14 workers make 16 batches in two rounds, as 8 do: Little's law rounds to 8
+    budget, guess, out, _ = _tune_decode_bound(main_cpu_s=None)
+    assert (budget.max_workers, guess) == (14, 8)
+    assert out.best.num_workers == 8 and out.best.persistent_workers
+
+
+def test_worker_moves_follow_littles_law_and_whole_epoch_rounds():
+    from pipeline_opt.tune.candidates import epoch_workers, workers_to_keep_up
+
+    assert [epoch_workers(w, 16) for w in (16, 14, 9, 8, 7, 6, 5, 4)] == [16, 8, 8, 8, 6, 6, 4, 4]
+    assert epoch_workers(5, None) == 5
+    # a data-bound incumbent jumps to what Little's law asks for (capped), before doubling
+    m = Measurement(windows=(213.0,), steps_per_window=4, batch_size=128, startup_s=0, elapsed_s=1, compute_s=0.035)
+    assert workers_to_keep_up(m, 4) == littles_law_workers(0.6 * 4, 0.035)
+    assert worker_neighbours(4, cap=16, need=87) == [16, 8, 2, 5, 3]
+    assert worker_neighbours(16, cap=16, batches_per_epoch=16) == [8]
+    assert worker_neighbours(8, cap=16, batches_per_epoch=16) == [16, 4, 6]
+    not_bound = Measurement(windows=(3600.0,), steps_per_window=4, batch_size=128, startup_s=0, elapsed_s=1,
+                            compute_s=0.035)
+    assert workers_to_keep_up(not_bound, 4) is None

@@ -128,3 +128,31 @@ def test_a_shared_slots_trial_discards_every_slots_first_batch_and_is_priced_for
     assert runner.warmup_for(plain) == 2 and runner.warmup_for(slots) == 48
     assert runner.estimate_s(slots, 0.08) - runner.estimate_s(plain, 0.08) == pytest.approx(
         timing.ESTIMATE_MARGIN * 40 * 0.08, rel=0.01)  # 48 discarded batches instead of the 8 of the burst
+
+
+def test_a_short_epoch_gets_windows_of_whole_epochs():
+    # 16 batches an epoch over 14 workers (a round of 14, then of 2): one epoch per window, not 14 steps
+    assert timing.steps_per_window(0.17, 14, window_s=1.0, batches_per_epoch=16) == 16
+    assert timing.steps_per_window(0.01, 2, window_s=1.0, batches_per_epoch=4) == 100  # 25 epochs of 4
+    assert timing.steps_per_window(0.01, 2, window_s=1.0, batches_per_epoch=4, max_steps=10) == 8
+    # an epoch longer than EPOCH_WINDOW_FACTOR windows: whole rounds as before
+    assert timing.steps_per_window(0.5, 4, window_s=1.0, batches_per_epoch=16) == 4
+    assert timing.restart_estimate(1.0, 4, persistent=False) == 1.0
+    assert timing.restart_estimate(1.0, 4, persistent=True) == pytest.approx(1.0 - 0.3 - 0.2)
+    assert timing.restart_estimate(1.0, 0, persistent=False) == 0.0
+
+
+def test_the_plan_counts_the_trials_that_fit_and_names_the_budget_that_would():
+    def cost(window_s):  # start-up and skipped batches, then 3 windows
+        return 2.0 + 3 * window_s
+
+    plan = timing.plan_trials(60.0, spent_s=10.0, reserve_s=6.0, trial_s_at=cost, window_s=1.0, noise=0.02)
+    assert (plan.trials, plan.window_s, plan.trial_s) == (8, 1.0, 5.0) and plan.warning is None
+    assert "room for 8 trial(s)" in plan.text and "40 s would allow 3" in plan.text
+    tight = timing.plan_trials(20.0, spent_s=12.0, reserve_s=2.0, trial_s_at=cost, window_s=1.0, noise=0.02)
+    assert tight.window_s == 0.25 and tight.trials == 2 and "shortened from 1.00 s" in tight.text  # quiet: shorter
+    noisy = timing.plan_trials(20.0, spent_s=12.0, reserve_s=2.0, trial_s_at=cost, window_s=1.0, noise=0.2)
+    assert noisy.window_s == 1.0 and noisy.trials == 1  # noisy: the windows keep their length
+    none = timing.plan_trials(8.0, spent_s=7.0, reserve_s=0.5, trial_s_at=cost, window_s=0.5, noise=0.0)
+    assert none.trials == 0 and none.window_s == 0.25 and none.needed_s == 20.0
+    assert none.warning.startswith("time_budget_s=8 holds the baseline only") and "20 s would allow 3" in none.warning

@@ -98,3 +98,8 @@ def same_state(a: dict, b: dict) -> bool:
     return (all(eq(a["params"][k], b["params"][k]) for k in a["params"])
             and all(eq(a["grads"][k], b["grads"][k]) for k in a["grads"])
             and all(eq(a["buffers"][k], b["buffers"][k]) for k in a["buffers"]) and a["modes"] == b["modes"])
+
+
+def slow_worker_start(_worker_id: int) -> None:
+    """A ``worker_init_fn`` whose worker start-up costs 0.3 s (imports, opening a database ...)."""
+    time.sleep(0.3)

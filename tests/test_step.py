@@ -1,0 +1,154 @@
+"""The front doors' step check (pipeline_opt._step.validate_step): one real step on one batch before
+any measurement, and errors that name the bad value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import pipeline_opt as po
+from pipeline_opt._step import BackwardOnLoss, CheckedStep, default_step, validate_step
+
+BOTH = pytest.mark.parametrize("front_door", ["profile", "autotune"])
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(4, 2))
+
+
+def _loader(images: torch.Tensor | None = None) -> DataLoader:
+    images = torch.rand(16, 3, 8, 8) if images is None else images
+    return DataLoader(TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), batch_size=4)
+
+
+def _run(front_door: str, loader, model, **kw):
+    if front_door == "profile":
+        return po.profile(loader, model, steps=2, warmup=1, limit=False, trace_steps=0, **kw)
+    return po.autotune(loader, model, time_budget_s=5, progress=False, **kw)
+
+
+@BOTH
+def test_a_model_on_the_meta_device_is_refused(front_door):
+    with pytest.raises(ValueError) as info:
+        _run(front_door, _loader(), _model().to("meta"))
+    msg = str(info.value)
+    assert "meta device" in msg and "'0.weight'" in msg and "to_empty" in msg, msg
+
+
+@BOTH
+def test_float32_images_for_a_float64_model_are_refused_as_a_plain_forward_would(front_door):
+    model = _model().double()
+    with pytest.raises(RuntimeError):
+        model(torch.rand(4, 3, 8, 8))  # what the user's own loop would hit
+    with pytest.raises(ValueError) as info:
+        _run(front_door, _loader(), model)
+    msg = str(info.value)
+    assert "torch.float32" in msg and "torch.float64" in msg and "model.to(torch.float32)" in msg, msg
+
+
+def test_the_default_step_no_longer_casts_floating_images():
+    with pytest.raises(RuntimeError):
+        default_step(_model().double(), (torch.rand(2, 3, 8, 8),))
+    # integer images still become the model's dtype in [0, 1]
+    default_step(_model().double(), (torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8),))
+
+
+@BOTH
+def test_images_on_another_device_than_the_model_are_refused(front_door):
+    loader = _loader(torch.rand(16, 3, 8, 8, device="meta"))
+    with pytest.raises(ValueError) as info:
+        _run(front_door, loader, _model())
+    msg = str(info.value)
+    assert "on meta" in msg and "on cpu" in msg and "model.to('meta')" in msg, msg
+
+
+def test_a_step_that_moves_the_batch_elsewhere_gets_a_device_hint():
+    def step(model, batch):
+        model(batch[0].to("meta")).sum().backward()
+
+    with pytest.raises(ValueError) as info:
+        po.profile(_loader(), _model(), step_fn=step, steps=2, warmup=1, limit=False, trace_steps=0)
+    msg = str(info.value)
+    assert "step_fn raised RuntimeError on the first batch" in msg and "parameters are on cpu" in msg, msg
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+@BOTH
+def test_a_step_fn_that_runs_no_backward_and_returns_nothing_is_refused(front_door):
+    def forward_only(model, batch):
+        model(batch[0])
+
+    with pytest.raises(TypeError) as info:
+        _run(front_door, _loader(), _model(), step_fn=forward_only)
+    msg = str(info.value)
+    assert "returned None" in msg and "loss.backward()" in msg and "return the loss" in msg, msg
+
+
+def test_a_step_fn_that_returns_its_loss_gets_the_default_backward():
+    model = _model()
+
+    def loss_only(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    step, out = validate_step(model, next(iter(_loader())), loss_only)
+    assert isinstance(step, BackwardOnLoss) and not out.requires_grad
+    assert all(p.grad is not None for p in model.parameters())
+    fresh = _model()
+    report = po.profile(_loader(), fresh, step_fn=loss_only, steps=2, warmup=1, limit=False, trace_steps=0)
+    assert len(report.steps) == 2
+    assert all(p.grad is None for p in fresh.parameters()), "the profile restores the gradients"
+
+
+def test_a_frozen_model_needs_no_backward():
+    model = _model().requires_grad_(False)
+    step, _ = validate_step(model, next(iter(_loader())), lambda m, b: m(b[0]))
+    assert not isinstance(step, BackwardOnLoss)
+
+
+def test_the_default_step_names_an_output_it_cannot_reduce():
+    class ReturnsNone(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 3)
+
+        def forward(self, x):
+            self.conv(x)
+
+    with pytest.raises(TypeError) as info:
+        po.profile(_loader(), ReturnsNone(), steps=2, warmup=1, limit=False, trace_steps=0)
+    msg = str(info.value)
+    assert "needs a loss" in msg and "returned None" in msg and "step_fn" in msg, msg
+
+
+def test_a_good_step_is_validated_once_and_then_runs_as_given():
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        model(batch[0]).sum().backward()
+
+    checked = CheckedStep(step, "cpu")
+    model, batch = _model(), next(iter(_loader()))
+    checked.check(model, batch)
+    checked.check(model, batch)  # validated already: no second run
+    checked(model, batch)
+    assert checked.checked and checked.step is step and len(calls) == 2
+
+
+def test_a_step_error_that_is_no_mismatch_propagates_as_it_is():
+    def nan(model, batch):
+        raise RuntimeError("loss is NaN; CUDA error: device-side assert triggered")
+
+    with pytest.raises(RuntimeError, match="loss is NaN") as info:
+        validate_step(_model(), next(iter(_loader())), nan)
+    assert any("first batch" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_a_user_step_on_mismatched_dtypes_gets_a_dtype_hint():
+    with pytest.raises(ValueError) as info:
+        validate_step(_model().double(), next(iter(_loader())), lambda m, b: m(b[0]).sum().backward())
+    msg = str(info.value)
+    assert "parameters are torch.float64" in msg and "torch.float32" in msg and "autocast" in msg, msg
