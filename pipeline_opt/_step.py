@@ -291,8 +291,8 @@ def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None) ->
 
     Raises, naming the value and the fix, for a model on the meta device, images of another
     device or floating dtype than the model (default step), a step that raised on a device or
-    dtype mismatch, and a ``step_fn`` that neither ran backward nor returned a loss while the model
-    has trainable parameters. A ``step_fn`` that returns a loss without calling backward gets the
+    dtype mismatch. A ``step_fn`` that neither ran backward nor returned a loss while the model has
+    trainable parameters is measured as a forward-only step, with a warning that says so. A ``step_fn`` that returns a loss without calling backward gets the
     default backward: the returned step is :class:`BackwardOnLoss`. Other errors of the step
     propagate unchanged, with a note that they happened on the first batch.
     """
@@ -332,11 +332,12 @@ def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None) ->
         log.info("step_fn returned the loss without calling backward: the profiler runs loss.backward() after it")
         out.backward()
         return BackwardOnLoss(step_fn), out.detach()
-    raise TypeError(
-        f"step_fn ran no backward (none of the model's {len(trainable)} trainable parameters received a gradient) "
-        f"and returned {_describe(out)}, not a loss to run it on; call loss.backward() inside step_fn, or "
-        "return the loss (a scalar tensor that requires grad) and the profiler runs backward on it; for a "
-        "forward-only step, freeze the parameters (requires_grad_(False))")
+    # a forward-only step (inference, a data-only benchmark) is legitimate: say what is measured
+    log.warning("step_fn ran no backward (none of the model's %d trainable parameters received a gradient) and "
+                "returned %s: it is measured as a forward-only step. If your training step runs backward, call "
+                "loss.backward() inside step_fn or return the loss (the profiler then runs backward on it)",
+                len(trainable), _describe(out))
+    return step, out
 
 
 class CheckedStep:
