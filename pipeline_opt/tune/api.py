@@ -39,17 +39,20 @@ from pipeline_opt._logging import get_logger
 from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
+from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers
 from pipeline_opt.tune.exactness import (
+    REPLAY_NAME,
     PixelChange,
     changes_in,
     exactness_of,
     measure_draft,
     measure_nvjpeg,
     measure_offload,
+    measure_random_replay,
 )
 from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
 from pipeline_opt.tune.measure import Measurement
@@ -196,6 +199,14 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
                                         checks)
         nvjpeg_plan, nvjpeg_why = _vetted(nvjpeg_plan, nvjpeg_why,
                                           lambda: measure_nvjpeg(loader.dataset, nvjpeg_plan, dev), checks)
+        if nvjpeg_plan is None and dev.type == "cuda" and gpu_transforms:
+            # a random training Compose: the workers draw its parameters, the device decodes and replays
+            replay_plan, replay_why = plan_random_gpu_pipeline(loader)
+            if replay_plan is not None:
+                nvjpeg_plan, nvjpeg_why = _vetted(replay_plan, replay_why,
+                                                  lambda: measure_random_replay(replay_plan, dev), checks)
+            else:
+                nvjpeg_why = f"{nvjpeg_why}; random-augmentation replay: {replay_why}"
     if gpu_plan is not None:
         offload_change = measure_offload(loader.dataset, gpu_plan, dev)
         if offload_change is not None:
@@ -351,7 +362,8 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
     # measured on an H200: 2-16 workers equal in one run, 12-16 the best in three others) and pinned
     # memory, which won at every worker count of those four grids (+5-20%).
     workers = inc.num_workers or min(NVJPEG_WORKERS, search.budget.max_workers)
-    if search.try_change("JPEG decoding on the GPU (nvJPEG)", decode="nvjpeg", gpu_transforms=(),
+    what = REPLAY_NAME if isinstance(plan, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
+    if search.try_change(what, decode="nvjpeg", gpu_transforms=(),
                          num_workers=workers, pin_memory=True):
         search.tune_workers("num_workers after GPU decoding")
 

@@ -174,6 +174,28 @@ def measure_nvjpeg(dataset: Any, plan: Any, device: torch.device, n: int = SAMPL
     return _judged(change)
 
 
+REPLAY_NAME = "JPEG decoding + random augmentation replayed on the GPU (nvJPEG)"
+
+
+def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange:
+    """A random training pipeline replayed on the device (``plan``: a
+    :class:`~pipeline_opt.transforms.random_plan.RandomGpuPlan`) against the CPU pipeline on ``n`` of
+    the user's files with the same seed: the same draws are required, the pixels within the plan's
+    tolerance and the decode bounds."""
+    parity = plan.measure_error(device=device, n=n)
+    ok, why = plan.within_tolerance(parity)
+    change = PixelChange(name=REPLAY_NAME, kind="decode", setting="decode=nvjpeg",
+                         mean_error=float(parity.end_to_end_mean), max_error=float(parity.end_to_end_max),
+                         n_images=int(parity.images),
+                         note=f"{parity.decoder} + the replayed augmentation on {device} vs the CPU pipeline, "
+                              f"same seed (same draws: {parity.same_draws})")
+    if not ok:
+        from dataclasses import replace
+
+        return replace(change, allowed=False, note=f"{why}: not offered")
+    return _judged(change)
+
+
 def measure_offload(dataset: Any, plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange | None:
     """The device transforms of ``plan`` (a :class:`~pipeline_opt.tune.offload.GpuOffload`) against the
     dataset's CPU transform on ``n`` samples; None when every moved transform is bit-identical.

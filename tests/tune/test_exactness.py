@@ -177,3 +177,38 @@ def test_exact_must_be_a_bool(folder):
 
 def test_draft_decoding_files_exist(folder):
     assert len(glob.glob(str(folder / "*" / "*.jpg"))) == 32
+
+
+def test_a_random_training_pipeline_replayed_is_measured_as_a_decode_change(tiny_image_folder):
+    """The tuner's hook for the random-augmentation replay: same draws required, the error measured
+    on the user's files (libjpeg on the CPU here; nvJPEG on CUDA)."""
+    pytest.importorskip("kornia")
+    import torchvision.transforms as T
+
+    from pipeline_opt.transforms.random_plan import plan_random_gpu_pipeline
+    from pipeline_opt.tune.exactness import REPLAY_NAME, measure_random_replay
+
+    train = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2),
+                       T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)])
+    loader = DataLoader(torchvision.datasets.ImageFolder(str(tiny_image_folder), transform=train), batch_size=8)
+    plan, why = plan_random_gpu_pipeline(loader)
+    assert plan is not None, why
+    change = measure_random_replay(plan, torch.device("cpu"), n=6)
+    assert change.name == REPLAY_NAME and change.setting == "decode=nvjpeg" and change.n_images == 6
+    assert change.allowed and change.mean_error < 0.5 and "same draws: True" in change.note, change
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+def test_autotune_offers_the_gpu_replay_for_a_random_training_pipeline(tiny_image_folder):
+    pytest.importorskip("kornia")
+    import torchvision.transforms as T
+
+    train = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
+                       T.Normalize([0.5] * 3, [0.25] * 3)])
+    loader = DataLoader(torchvision.datasets.ImageFolder(str(tiny_image_folder), transform=train), batch_size=8,
+                        num_workers=1)
+    result = po.autotune(loader, tiny_model().cuda(), time_budget_s=40, progress=False)
+    replay = [c for c in result.pixel_checks if c.name.startswith("JPEG decoding + random augmentation")]
+    assert len(replay) == 1 and replay[0].allowed, result.pixel_checks
+    assert any(t.config.get("decode") == "nvjpeg" for t in result.trials)  # tried as a candidate
