@@ -217,14 +217,14 @@ def autotune_distributed(loader: Any, model: Any, step_fn: Any = None, *, out_di
     ranks agree on the configuration with the best worst-rank throughput (:func:`agree_on_config`
     semantics), every rank's loader is rebuilt with it, and rank 0 writes the combined report.
     """
-    from pipeline_opt.tune import autotune
+    from pipeline_opt.tune.api import tune_loader
 
     info = dist_info()
     tuned_model = _unwrap_ddp(model) if isolate_ranks else model
     result, error = None, None
     try:
         with coordinating():
-            result = autotune(loader, tuned_model, step_fn=step_fn, **autotune_kwargs)
+            result = tune_loader(loader, tuned_model, step_fn=step_fn, **autotune_kwargs)
     except Exception as exc:
         error = exc
     _all_ranks_ok(error)

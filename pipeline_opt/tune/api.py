@@ -25,7 +25,6 @@ The model's parameters, buffers, gradients, modes and the RNG states are restore
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import time
@@ -72,7 +71,7 @@ SLOTS_EARLY_BYTES = 16 << 20  # batches this big try shared slots right after th
 Profiler = Callable[..., ProfileReport]
 
 
-def autotune(
+def tune_loader(
     loader: DataLoader,
     model: torch.nn.Module,
     step_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
@@ -89,7 +88,9 @@ def autotune(
     shared_slots: bool = False,
     exact: bool = False,
 ) -> TuneResult:
-    """Find a faster configuration of ``loader`` for training ``model``, verified by measurement.
+    """Find a faster configuration of ``loader`` for training ``model``, verified by measurement, in
+    this process (:func:`pipeline_opt.autotune` is the front door: inside torchrun it makes the ranks
+    agree through :func:`pipeline_opt.distributed_api.autotune_distributed`, which calls this).
 
     Args:
         loader: the DataLoader as the training loop uses it (ultralytics' InfiniteDataLoader too).
@@ -127,22 +128,6 @@ def autotune(
         ``loader``: bit-for-bit when ``result.exactness == "bitwise"`` (always with ``exact=True``),
         otherwise within the errors listed in ``result.pixel_changes``.
     """
-    from pipeline_opt.distributed import should_coordinate
-
-    if should_coordinate():
-        # Inside torchrun / DDP: every rank tunes its own loader, the ranks agree on one
-        # configuration and every rank's loader is rebuilt with it (pipeline_opt.distributed_api).
-        from pipeline_opt.distributed_api import autotune_distributed
-
-        shared = autotune_distributed(
-            loader, model, step_fn=step_fn, device=device, time_budget_s=time_budget_s,
-            gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-            progress=progress, seed=seed, min_gain=min_gain, profiler=profiler, shared_slots=shared_slots,
-            exact=exact)
-        config = dict(shared.config)
-        return dataclasses.replace(shared.local, loader=shared.loader, config=config,
-                                   exactness=exactness_of(config),
-                                   pixel_changes=changes_in(config, shared.local.pixel_checks))
     t_start = time.monotonic()
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
     if not isinstance(exact, bool):

@@ -60,7 +60,7 @@ def device_notes(device: torch.device, loader: Any) -> list[str]:
 def tune_loader(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any],
                 device: torch.device, time_budget_s: float, **autotune_kwargs: Any) -> Any:
     """:func:`pipeline_opt.autotune` on ``loader`` with ``step_fn``; the model is restored bitwise after."""
-    from pipeline_opt.tune import autotune
+    from pipeline_opt.front_doors import autotune
 
     if not isinstance(time_budget_s, (int, float)) or time_budget_s <= 0:
         raise ValueError(f"time_budget_s={time_budget_s!r} must be a positive number of seconds")
