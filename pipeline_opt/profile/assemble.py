@@ -154,6 +154,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         step_time_s=step_time,
         data_wait_frac=data_wait_frac,
         gpu_idle_frac=main.gpu_idle_frac,
+        memory=main.memory,
         bottleneck=diagnosis.bottleneck,
         evidence=diagnosis.evidence,
         recommendations=diagnosis.recommendations,

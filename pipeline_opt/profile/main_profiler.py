@@ -28,6 +28,7 @@ core per thread (:mod:`pipeline_opt.tune.budget`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -49,6 +50,7 @@ from pipeline_opt._step import batch_size_of, move_to_device
 from pipeline_opt.profile import trace as trace_mod
 from pipeline_opt.profile.diagnosis import is_sync_op
 from pipeline_opt.profile.install import shutdown_iteration
+from pipeline_opt.profile.memory import MemoryMeter
 from pipeline_opt.profile.report import OpStat, StepRecord
 from pipeline_opt.report.progress import progress_bar
 
@@ -60,6 +62,7 @@ RANGE_NAMES = ("data_wait", "h2d", "step")
 # CUDA runtime for devices even when only CPU activities are recorded) and two start/stop lines.
 KINETO_QUIET_LEVEL = "6"
 DEFAULT_TRACE_STEPS: int | None = 10  # torch.profiler records the last 10 measured steps
+MEMORY_TOP_OPS = 5  # ops named as the largest allocators in the memory section
 _IGNORED_OP_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "pipeline_opt::")
 
 
@@ -95,6 +98,7 @@ class MainResult:
     sync_ops: tuple[str, ...]
     gpu_idle_frac: float | None
     cpu_s: float = 0.0  # CPU seconds of this process (every thread, no worker process) over the window
+    memory: Any = None  # MemoryStats: CUDA peak memory per measured step (not measured on CPU)
     data_cpu_s: float = 0.0  # CPU seconds of the main thread inside next(loader) over the window
 
 
@@ -145,6 +149,7 @@ class StepProfiler:
         self._cpu = [0.0, 0.0]  # process CPU seconds at the window's start and end
         self._data_cpu = 0.0  # main-thread CPU seconds inside next(loader), measured steps only
         self._data_cpu0 = 0.0
+        self.memory = MemoryMeter(self.device)  # per-step peaks: allocator counters, no synchronisation
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -212,6 +217,7 @@ class StepProfiler:
             schedule=sched,
             on_trace_ready=self._on_trace_ready,
             record_shapes=self.record_shapes,
+            profile_memory=self.cuda,  # the ops that allocate most (traced steps only, after the window)
         )
         self._prof.start()
 
@@ -231,6 +237,8 @@ class StepProfiler:
             self._sync()  # work queued before the trace began is not in it: drain it, or it reads as idle
             self._traced[0] = time.time_ns()
         self._cur = _Step(self.index, t_request=time.time_ns())
+        if self.skip <= self.index < self.window_end:
+            self.memory.begin()
         self._data_cpu0 = time.thread_time()
         self._open("data_wait")
 
@@ -290,6 +298,7 @@ class StepProfiler:
         self._spans.append(("compute", cur.index, cur.t_step0, cur.t_end))
         if self.skip <= self.index < self.window_end:
             self._measured.append(cur)
+            self.memory.end()
         elif self.index >= self.trace_start:
             self._traced_list.append(cur)
         if self.index == self.window_end - 1:
@@ -373,7 +382,20 @@ class StepProfiler:
             gpu_idle_frac=self._gpu_idle(events) if self.cuda and offset_ok else None,
             cpu_s=max(self._cpu[1] - self._cpu[0], 0.0) if self._window[0] else 0.0,
             data_cpu_s=self._data_cpu,
+            memory=self._memory_stats(),
         )
+
+    def _memory_stats(self) -> Any:
+        stats = self.memory.stats()
+        if not stats.measured or self._key_averages is None:
+            return stats
+        rows = []
+        for e in self._key_averages:
+            allocated = int(getattr(e, "self_device_memory_usage", getattr(e, "self_cuda_memory_usage", 0)) or 0)
+            if allocated > 0:
+                rows.append((e.key, allocated))
+        rows.sort(key=lambda r: r[1], reverse=True)
+        return dataclasses.replace(stats, top_alloc_ops=tuple(rows[:MEMORY_TOP_OPS]))
 
     def _step_records(self) -> tuple[StepRecord, ...]:
         out = []

@@ -61,6 +61,7 @@ class MemoryStats:
     headroom_bytes: int = 0  # device total - the largest reserved peak
     fragmentation_bytes: int = 0  # reserved - allocated at the largest reserved peak
     spikes: tuple[int, ...] = ()  # indices of the steps whose peak exceeds SPIKE x steady
+    top_alloc_ops: tuple[tuple[str, int], ...] = ()  # (op, bytes it allocated) in the traced steps
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +77,9 @@ class MemoryStats:
         if self.spikes:
             out.append(f"memory spikes: {len(self.spikes)} step(s) peaked above {SPIKE:.2f}x the steady "
                        f"{self.steady_peak_bytes / GiB:.2f} GiB (steps {', '.join(map(str, self.spikes[:8]))})")
+        if self.top_alloc_ops:
+            out.append("allocated most (traced steps): " + ", ".join(
+                f"{name} {size / GiB:.2f} GiB" for name, size in self.top_alloc_ops[:3]))
         if self.fragmentation_bytes > FRAGMENTATION_SHARE * max(self.max_reserved_bytes, 1):
             out.append(f"memory fragmentation: {self.fragmentation_bytes / GiB:.2f} GiB reserved but not allocated "
                        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True often returns it)")

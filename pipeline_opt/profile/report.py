@@ -82,6 +82,7 @@ class ProfileReport:
     sync_frac: float = 0.0  # share of the window in host-device syncs / collectives (self CPU time)
     traced_steps: int = 0  # measured steps torch.profiler recorded (op tables, GPU idle, sync come from them)
     validation: Any = None  # ValidationInterference: the steps after validation passes (profile_loop, attach)
+    memory: Any = None  # MemoryStats: peak CUDA memory per measured step, headroom ("not measured" on CPU)
     # CPU seconds per measured step of the training process outside making batches in its own main
     # thread (the step, the pin-memory thread, intra-op threads, receiving the workers' batches); 0: unknown
     main_cpu_s: float = 0.0
@@ -101,6 +102,8 @@ class ProfileReport:
         from pipeline_opt.report.text import profile_table
 
         text = profile_table(self)
+        if self.memory is not None:
+            text += "\n\n" + "\n".join(self.memory.lines())
         if self.validation is not None:
             lines = [f"validation: {self.validation.summary}"]
             lines += [f"  - {r}" for r in self.validation.recommendations]

@@ -32,6 +32,8 @@ WORKER_COLOR = "#7b5ea7"
 ACCEPTED_COLOR = "#3aa655"
 REJECTED_COLOR = "#aab4c3"
 FAILED_COLOR = "#e8a0a0"
+MEMORY_COLOR = "#59a14f"
+RESERVED_COLOR = "#b6d7a8"
 TRANSFORM_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac", "#72b7b2")
 
 _CSS = """
@@ -131,6 +133,38 @@ def _workers_section(d: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _memory_section(d: Mapping[str, Any]) -> str:
+    """Peak CUDA memory per measured step (allocated, and reserved on top), the headroom and the
+    validation passes' effect, or why nothing was measured."""
+    mem = d.get("memory") or {}
+    out = []
+    if mem:
+        if not mem.get("measured"):
+            out.append(f"<h2>Memory</h2><p>{_e(mem.get('note') or 'not measured')}.</p>")
+        else:
+            gib = float(1 << 30)
+            allocated = [int(v) / gib for v in mem.get("peak_allocated_bytes") or ()]
+            reserved = [max(int(r) / gib - a, 0.0) for r, a in zip(mem.get("peak_reserved_bytes") or (), allocated)]
+            total = int(mem.get("device_total_bytes") or 0) / gib
+            head = int(mem.get("headroom_bytes") or 0) / gib
+            out.append(f"<h2>Memory</h2><p>Peak CUDA memory of each measured step: {_e(f'{head:.2f}')} GiB of "
+                       f"{_e(f'{total:.1f}')} GiB stay free at the largest reserved peak.</p>")
+            if allocated:
+                out.append(stacked_bars([Series("peak allocated", MEMORY_COLOR, tuple(allocated)),
+                                         Series("reserved, not allocated", RESERVED_COLOR, tuple(reserved))],
+                                        [str(i) for i in range(len(allocated))], "peak memory per step", "GiB"))
+            if mem.get("spikes"):
+                out.append(f"<p>Spikes (steps above the steady peak): {_e(', '.join(map(str, mem['spikes'])))}.</p>")
+            ops = mem.get("top_alloc_ops") or ()
+            if ops:
+                out.append(_table(["op", "allocated (GiB)"], [[name, f"{int(b) / gib:.2f}"] for name, b in ops]))
+    val = d.get("validation") or {}
+    if val:
+        recs = "".join(f"<li>{_e(r)}</li>" for r in val.get("recommendations") or ())
+        out.append(f"<h2>Validation</h2><p>{_e(val.get('summary', ''))}.</p>" + (f"<ul>{recs}</ul>" if recs else ""))
+    return "".join(out)
+
+
 def _ops_section(d: Mapping[str, Any]) -> str:
     out = []
     for key, title in (("top_cpu_ops", "Top CPU ops"), ("top_cuda_ops", "Top CUDA ops")):
@@ -158,7 +192,7 @@ def profile_body(d: Mapping[str, Any], heading: str = "Profile") -> str:
     env = d.get("environment") or {}
     env_table = _table(["key", "value"], sorted(env.items())) if env else ""
     return (f"<h1>{_e(heading)}</h1><p class=\"meta\">{meta}</p>{_cards(d)}{_diagnosis(d)}"
-            f"<h2>Step-time breakdown</h2>{step_chart(d)}{_workers_section(d)}{_ops_section(d)}"
+            f"<h2>Step-time breakdown</h2>{step_chart(d)}{_memory_section(d)}{_workers_section(d)}{_ops_section(d)}"
             f"{_TRACE_HELP}" + (f"<h2>Environment</h2>{env_table}" if env_table else ""))
 
 

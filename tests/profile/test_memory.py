@@ -95,3 +95,39 @@ def test_cuda_peaks_grow_with_the_batch_and_the_prediction_runs():
     meter.end()
     del x
     assert meter.stats().max_peak_bytes >= 64 << 20
+
+
+def _profile(device="cpu"):
+    import pipeline_opt as po
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, 2)).to(device)
+    return po.profile(_loader(8), model, steps=3, warmup=1, limit=False, trace_steps=2, device=device)
+
+
+def test_every_profile_has_a_memory_section_that_says_when_nothing_was_measured():
+    from pipeline_opt.report.html import render_profile_html
+
+    report = _profile()
+    assert report.memory is not None and not report.memory.measured
+    assert "memory: not measured on cpu (CUDA devices only)" in report.table()
+    d = report.to_dict()
+    assert d["memory"]["measured"] is False
+    assert "<h2>Memory</h2><p>not measured on cpu (CUDA devices only).</p>" in render_profile_html(d)
+
+
+def test_the_html_draws_each_steps_peak_and_names_the_allocating_ops():
+    from pipeline_opt.report.html import _memory_section
+
+    stats = summarise([1 << 30, 1 << 30, 3 << 29], [2 << 30, 2 << 30, 2 << 30], total=80 << 30)
+    html = _memory_section({"memory": {**stats.to_dict(), "top_alloc_ops": [["aten::empty", 1 << 30]]}})
+    assert "peak memory per step" in html and "<svg" in html and "aten::empty" in html
+    assert "78.00 GiB of 80.0 GiB stay free" in html
+    assert "Spikes (steps above the steady peak): 2" in html
+
+
+@pytest.mark.cuda
+def test_a_cuda_profile_measures_each_steps_peak():
+    report = _profile("cuda")
+    mem = report.memory
+    assert mem.measured and len(mem.peak_allocated_bytes) == 3 and mem.max_peak_bytes > 0
+    assert 0 < mem.headroom_bytes < mem.device_total_bytes and "memory: peak" in report.table()
