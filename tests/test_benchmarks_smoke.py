@@ -577,3 +577,16 @@ def test_yolo_worker_stages_times_each_variant_and_names_bad_ones(tmp_path):
         assert ms["loader_img_s"] > 0
     with pytest.raises(SystemExit, match="unknown \\['mosaic'\\]"):
         main(["--out", str(tmp_path), "--variants", "window,mosaic"])
+
+
+def test_classification_training_pipeline_grid_replays_on_the_device_and_drops_draft():
+    from dataclasses import replace
+
+    from benchmarks.bench_classification import QUICK, cpu_compose, grid_points
+
+    train = replace(QUICK, pipeline="train")
+    decodes = {p.decode for p in grid_points(train, cores=2)}
+    assert decodes == {"replay", "pil"}
+    assert all(p.offload for p in grid_points(train, cores=2) if p.decode == "replay")
+    assert type(cpu_compose(32, "train").transforms[0]).__name__ == "RandomResizedCrop"
+    assert {p.decode for p in grid_points(QUICK, cores=2)} == {"nvjpeg", "draft", "pil"}
