@@ -3,6 +3,7 @@
 #   benchmarks/device_call.sh cuda-tests classification       (the first call)
 #   benchmarks/device_call.sh yolo                            (the second call; transforms overhead: the third)
 #   benchmarks/device_call.sh worker-stages yolo_trainer      (yolo_worker_stages, then a benchmark)
+#   benchmarks/device_call.sh cuda-tests replay-parity classification   (PO_BENCH_ARGS_classification="--pipeline train")
 # carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
 # Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
 set -u
@@ -25,6 +26,9 @@ for step in "$@"; do
   case "$step" in
     cuda-tests) timeout -k 10 "${PO_TEST_LIMIT_S:-150}" python3 -m pytest tests -m cuda -q -rs -p no:cacheprovider \
                   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?"; tail -n 25 "$OUT/cuda_tests.log" ;;
+    # the random-augmentation replay against torchvision on the device: error per op, ms per batch
+    replay-parity) timeout -k 10 "${PO_PARITY_LIMIT_S:-90}" python3 -m pipeline_opt.transforms.replay_parity --device cuda \
+                  --n 16 > "$OUT/replay_parity.log" 2>&1; echo "replay parity rc=$?"; tail -n 30 "$OUT/replay_parity.log" ;;
     # the workers' CPU per stage and a DataLoader's images/s (no GPU used); PO_STAGES_ARGS replaces the defaults
     worker-stages) # shellcheck disable=SC2086
                   timeout -k 10 "${PO_STAGES_LIMIT_S:-300}" python3 -m benchmarks.yolo_worker_stages \
