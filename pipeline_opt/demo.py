@@ -21,6 +21,7 @@ from pipeline_opt._logging import get_logger
 
 log = get_logger("demo")
 
+RESULTS_DOC = "benchmarks/RESULTS.md"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -171,6 +172,18 @@ class ReuseBaseline:
         return po.profile(loader, *args, **kwargs)
 
 
+def cpu_caveat(tuned: Any) -> str:
+    """What a CPU-only run could not show, from the tuner's own list of what it did not try."""
+    skipped = [line for line in tuned.not_tried if "device is cpu" in line or "CUDA" in line]
+    lines = ["No GPU on this machine, so this run shows the method (measure, change one thing, measure again)",
+             "on the CPU side only; these were not tried:"]
+    lines += [f"  - {line}" for line in skipped] or ["  - the GPU offloads (nvJPEG decoding, transforms on the device)"]
+    lines.append("On a GPU the same call also moves decoding and transforms to the device: the measured GPU "
+                 "results are in")
+    lines.append(f"  {RESULTS_DOC} (and the README's Results table).")
+    return "\n".join(lines)
+
+
 def run_demo(config: DemoConfig | None = None) -> DemoResult:
     """Profile the naive loader, autotune it (which ends by profiling the tuned loader), write the reports.
 
@@ -201,9 +214,14 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     out.mkdir(parents=True, exist_ok=True)
     tuned.save(out)  # tune.html/json/txt, trace.json, baseline/ (= before) and best/ (= after)
     (out / "report.html").write_text(render_tune_html(tuned.to_dict()))
+    from pipeline_opt.tune.api import samples_clause
+
     table = (f"autotune: {tuned.speedup:.2f}x over the naive loader in interleaved trials "
-             f"(measured noise ±{100 * tuned.noise:.0f}%, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s)\n\n"
+             f"(measured noise ±{100 * tuned.noise:.0f}%, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s); "
+             f"{samples_clause(tuned.exactness, tuned.pixel_changes)}\n\n"
              + before_after_table(before, after, tuned.config, tuned.original_config, speedup=tuned.speedup,
                                   trial_throughput=(tuned.baseline_throughput, tuned.best_throughput)))
+    if not cfg.device.startswith("cuda"):
+        table += "\n\n" + cpu_caveat(tuned)
     (out / "summary.txt").write_text(table + "\n")
     return DemoResult(before=before, tune=tuned, after=after, out=out, table=table)

@@ -533,7 +533,7 @@ def test_yolo_gap_rows_and_cpu_load(results):
         sites = [site for _, _, _, site in prof["top_cpu_by_stack"]]
         assert sites and all(site.startswith("[thread ") for site in sites)
     gpu_step = traced["limit + GPU HSV/flip (fused kernel)"]["top_cpu_by_stack"]
-    assert any("_yolo_step.py" in site for *_, site in gpu_step), gpu_step
+    assert any("ultralytics/_step.py" in site for *_, site in gpu_step), gpu_step
     slots = next(r for r in res["rows"] if r["name"] == "default, shared slots")
     assert slots["throughput"] > 0 and "slot_stats" in slots["meta"]
     assert slots["meta"]["slot_stats"]["worker_fetch_ms_per_batch"] > 0

@@ -99,7 +99,7 @@ class MainResult:
     gpu_idle_frac: float | None
     cpu_s: float = 0.0  # CPU seconds of this process (every thread, no worker process) over the window
     memory: Any = None  # MemoryStats: CUDA peak memory per measured step (not measured on CPU)
-    data_cpu_s: float = 0.0  # CPU seconds of the main thread inside next(loader) over the window
+    data_cpu_s: float = 0.0  # CPU seconds of this process (all threads) inside next(loader) over the window
 
 
 @dataclass
@@ -147,7 +147,9 @@ class StepProfiler:
         self._key_averages: Any = None
         self._stopped = False
         self._cpu = [0.0, 0.0]  # process CPU seconds at the window's start and end
-        self._data_cpu = 0.0  # main-thread CPU seconds inside next(loader), measured steps only
+        # process CPU seconds inside next(loader), measured steps only: with num_workers=0 the batch is made
+        # here, by the main thread and torch's intra-op threads (ToTensor, Normalize), and all of it is data work
+        self._data_cpu = 0.0
         self._data_cpu0 = 0.0
         self.memory = MemoryMeter(self.device)  # per-step peaks: allocator counters, no synchronisation
 
@@ -239,7 +241,7 @@ class StepProfiler:
         self._cur = _Step(self.index, t_request=time.time_ns())
         if self.skip <= self.index < self.window_end:
             self.memory.begin()
-        self._data_cpu0 = time.thread_time()
+        self._data_cpu0 = time.process_time()
         self._open("data_wait")
 
     def abort_data(self) -> None:
@@ -260,7 +262,7 @@ class StepProfiler:
         cur = self._cur
         cur.t_received = time.time_ns()
         if self.skip <= cur.index < self.window_end:
-            self._data_cpu += time.thread_time() - self._data_cpu0
+            self._data_cpu += time.process_time() - self._data_cpu0
         cur.samples = batch_size_of(batch)
         self._receipts.append(BatchReceipt(cur.index, self._epoch, self._position, cur.t_request, cur.t_received))
         self._position += 1

@@ -25,6 +25,7 @@ The model's parameters, buffers, gradients, modes and the RNG states are restore
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import time
@@ -38,6 +39,7 @@ from pipeline_opt._logging import get_logger
 from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
+from pipeline_opt.report.text import trial_spread
 from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
@@ -435,7 +437,8 @@ def _trial_logger(bar, progress: bool) -> Callable[[Trial], None]:
     def on_trial(trial: Trial) -> None:
         count[0] += 1
         cfg = LoaderConfig.from_dict(trial.config)
-        what = f"{trial.throughput:,.1f} samples/s ±{trial.spread:.0%}" if trial.status == "ok" else trial.status
+        what = f"{trial.throughput:,.1f} samples/s {trial_spread(dataclasses.asdict(trial))}" \
+            if trial.status == "ok" else trial.status
         line = f"trial {count[0]}: {cfg.label()}: {what}, {'accepted' if trial.accepted else 'not kept'} - {trial.reason}"
         (log.info if progress else log.debug)("%s", line)
         bar.update(1)

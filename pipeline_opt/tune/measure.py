@@ -53,11 +53,24 @@ class Measurement:
     compute_s: float = 0.0  # median synchronised seconds inside step_fn, over the discarded warm-up steps
     from_profile: bool = False  # windows of a profile's steps, not of a trial (see Search.evidence)
     startup_windows: tuple[int, ...] = ()  # indices of windows holding a worker (re)start: not steady state
+    batches_per_epoch: int | None = None  # None: the loader has no length (no restart charged)
+    restart_s: float = 0.0  # extra seconds a new epoch cost (measured, or estimated from the start-up)
+    restarts_seen: int = 0  # epoch starts inside the trial that measured restart_s
+
+    @property
+    def outlier_windows(self) -> tuple[int, ...]:
+        """:attr:`startup_windows`, unless every window holds a restart (windows of whole short epochs,
+        each charged the same restart): then they are alike, and none is left out of the noise. A
+        profile's windows on the queue its workers pre-filled stay out (they are not alike)."""
+        alike = not self.from_profile and len(set(self.startup_windows)) >= len(self.windows)
+        return () if alike else self.startup_windows
 
     @property
     def steady_windows(self) -> tuple[float, ...]:
-        """The windows without a worker (re)start in them: what the noise is measured on."""
-        skip = set(self.startup_windows)
+        """The windows without a worker (re)start in them: what the noise is measured on. When every
+        window holds one (windows of whole short epochs, each charged the same restart), they are alike
+        and all of them are steady."""
+        skip = set(self.outlier_windows)
         return tuple(w for i, w in enumerate(self.windows) if i not in skip)
 
     @property
@@ -68,9 +81,6 @@ class Measurement:
             return 0.0
         m = float(statistics.median(w))
         return 0.0 if m <= 0 else (max(w) - min(w)) / m
-    batches_per_epoch: int | None = None  # None: the loader has no length (no restart charged)
-    restart_s: float = 0.0  # extra seconds a new epoch cost (measured, or estimated from the start-up)
-    restarts_seen: int = 0  # epoch starts inside the trial that measured restart_s
 
     @property
     def median(self) -> float:

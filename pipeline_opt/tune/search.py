@@ -269,7 +269,7 @@ class Search:
         trial = Trial(config=cfg.to_dict(), throughput=0.0 if m is None else m.median,
                       spread=0.0 if m is None else m.steady_spread, accepted=accepted, reason=reason, status=status,
                       windows=() if m is None else m.windows, elapsed_s=elapsed if m is None else m.elapsed_s,
-                      startup_windows=() if m is None else m.startup_windows)
+                      startup_windows=() if m is None else m.outlier_windows)
         self.trials.append(trial)
         if self.on_trial is not None:
             self.on_trial(trial)
