@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pipeline_opt.profile.cpu_share import reserved_cpus
+
 DATA_WAIT_HIGH = 0.30  # data-bound above this share of the step blocked on the loader
 DATA_WAIT_LOW = 0.10  # below it the loader keeps up
 GPU_IDLE_LOW = 0.15  # compute-bound when the GPU idles less than this
@@ -77,6 +79,7 @@ class Measurements:
     limit_throughput: float | None = None
     decode_advice: str = ""  # the dataset's own setting that removes its decode (profile.decode_advice)
     unshared_batch_bytes: float = 0.0  # per batch, collated into ordinary memory in a worker (copied to be sent)
+    main_cpu_s: float | None = None  # the training process's CPU seconds per step outside making batches
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,12 @@ def workers_needed(batch_cpu_s: float, step_s: float, margin: int = 1) -> int:
 
 
 def max_workers(m: Measurements) -> int:
-    """Workers the machine can host: usable cores minus the main thread (and the pin-memory thread)."""
-    reserved = 1 + (1 if m.pin_memory and m.device_type == "cuda" else 0)
-    return max(1, m.usable_cpus - reserved)
+    """Workers the machine can host: usable cores minus the training process's measured share of them
+    (the tuner's budget rule, :func:`~pipeline_opt.profile.cpu_share.reserved_cpus`; without a
+    measurement one core for the main thread and one for the pin-memory thread)."""
+    reserved, _ = reserved_cpus(float(m.usable_cpus), m.pin_memory and m.device_type == "cuda",
+                                m.main_cpu_s, m.batch_cpu_s or None)
+    return max(1, int(math.floor(m.usable_cpus - reserved + 0.5)))
 
 
 def classify(m: Measurements) -> str:

@@ -33,6 +33,7 @@ ACCEPTED_COLOR = "#3aa655"
 REJECTED_COLOR = "#aab4c3"
 FAILED_COLOR = "#e8a0a0"
 MEMORY_COLOR = "#59a14f"
+OUTSIDE_COLOR = "#9d9d9d"
 RESERVED_COLOR = "#b6d7a8"
 TRANSFORM_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac", "#72b7b2")
 
@@ -121,6 +122,11 @@ def _workers_section(d: Mapping[str, Any]) -> str:
         mean = [sum(float((w.get("transform_s") or {}).get(n, 0.0)) for w in workers) / len(workers) * 1e3
                 for n in names]
         colors = [TRANSFORM_PALETTE[i % len(TRANSFORM_PALETTE)] for i in range(len(names))]
+        outside = sum(max(float(w.get("mean_sample_s", 0.0)) - sum(float(v) for v in (w.get("transform_s") or {})
+                                                                    .values()), 0.0) for w in workers) / len(workers)
+        if outside > 0:  # reading the file and decoding it, the dataset's own code: often the largest part
+            names, mean = [*names, "outside the transforms (reading, decoding)"], [*mean, outside * 1e3]
+            colors = [*colors, OUTSIDE_COLOR]
         out += ["<p>Mean cost of each transform per sample, across workers.</p>",
                 horizontal_bars(names, mean, "per-transform cost", "ms/sample", colors)]
     rows = [[lab, ", ".join(str(p) for p in w["pids"]), w["processes"], w["samples"],
@@ -167,12 +173,14 @@ def _memory_section(d: Mapping[str, Any]) -> str:
 
 def _ops_section(d: Mapping[str, Any]) -> str:
     out = []
+    cuda = str(d.get("device") or "").startswith("cuda")  # a CPU run has no CUDA column to show
     for key, title in (("top_cpu_ops", "Top CPU ops"), ("top_cuda_ops", "Top CUDA ops")):
         ops = d.get(key) or ()
         if ops:
-            rows = [[o["name"], o.get("calls", 0), f"{1e3 * float(o.get('self_cpu_s', 0.0)):.2f}",
-                     f"{1e3 * float(o.get('self_cuda_s', 0.0)):.2f}"] for o in ops]
-            out.append(f"<h2>{title}</h2>" + _table(["op", "calls", "self CPU ms", "self CUDA ms"], rows))
+            rows = [[o["name"], o.get("calls", 0), f"{1e3 * float(o.get('self_cpu_s', 0.0)):.2f}"]
+                    + ([f"{1e3 * float(o.get('self_cuda_s', 0.0)):.2f}"] if cuda else []) for o in ops]
+            out.append(f"<h2>{title}</h2>" + _table(["op", "calls", "self CPU ms"] + (["self CUDA ms"] if cuda else []),
+                                                   rows))
     return "".join(out)
 
 

@@ -38,6 +38,7 @@ import psutil
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.profile.cpu_share import reserved_cpus
 
 log = get_logger("tune.budget")
 
@@ -94,29 +95,6 @@ class ResourceBudget:
         from dataclasses import asdict
 
         return asdict(self)
-
-
-def reserved_cpus(per_rank: float, pin_thread: bool, main_cpu_s: float | None,
-                  worker_cpu_s: float | None, pin_cpu_s: float = 0.0) -> tuple[float, str]:
-    """Cores (per rank) the training process keeps for itself, and the sentence why.
-
-    Measured: ``per_rank * c / (c + b)`` with ``c`` the training process's CPU seconds per step
-    (``main_cpu_s``, plus ``pin_cpu_s`` for a pin-memory thread it does not run yet) and ``b`` a
-    worker's CPU seconds per batch: its share when every core is busy. Never more than the fixed
-    rule (one core for the main thread, one for the pin-memory thread), which is the answer when
-    either number is missing."""
-    fixed = 1.0 + (1.0 if pin_thread else 0.0)
-    threads = "main and pin-memory threads" if pin_thread else "main thread"
-    if main_cpu_s is None or main_cpu_s < 0 or not worker_cpu_s or worker_cpu_s <= 0:
-        return fixed, f"{fixed:g} for the {threads} (not measured)"
-    c = main_cpu_s + (max(0.0, pin_cpu_s) if pin_thread else 0.0)
-    busy = per_rank * c / (c + worker_cpu_s)
-    reserved = min(fixed, busy)
-    pin = f" (pinning {pin_cpu_s * 1e3:.1f} ms included)" if pin_thread and pin_cpu_s > 0 else ""
-    why = (f"{reserved:.2f} for the {threads}: the training process measured {c * 1e3:.1f} ms of CPU per step"
-           f"{pin} against {worker_cpu_s * 1e3:.1f} ms per batch in a worker, so with every core busy it keeps "
-           f"{busy:.2f} busy" + (f" (at most {fixed:g}, the fixed rule)" if busy > fixed else ""))
-    return reserved, why
 
 
 def compute_budget(

@@ -117,3 +117,18 @@ def test_tune_html_names_every_change_that_alters_pixels():
     assert "Not bit-for-bit identical" in page and "1.12/255" in page and "14/255" in page
     assert "decode=draft" in page and EVIL not in page
     assert "Bit-for-bit identical to the loader as given" in render_tune_html(make_tune().to_dict())
+
+
+def test_a_cpu_profile_has_no_cuda_column_and_draws_the_time_outside_the_transforms():
+    from pipeline_opt.report.html import render_profile_html
+
+    op = {"name": "aten::conv2d", "calls": 3, "self_cpu_s": 0.01, "self_cuda_s": 0.0}
+    worker = {"worker_id": 0, "pid": 1, "samples": 8, "batches": 2, "mean_sample_s": 0.004,
+              "transform_s": {"Resize": 0.001}, "collate_s": 0.0, "busy_s": 0.04, "cpu_percent": 90.0,
+              "rss_bytes": 1 << 20}
+    base = {"throughput": 10.0, "step_time_s": 0.1, "data_wait_frac": 0.5, "gpu_idle_frac": None,
+            "bottleneck": "data", "top_cpu_ops": [op], "workers": [worker], "steps": []}
+    cpu = render_profile_html({**base, "device": "cpu"})
+    assert "self CPU ms" in cpu and "self CUDA ms" not in cpu
+    assert "outside the transforms (reading, decoding)" in cpu and "3 ms/sample" in cpu
+    assert "self CUDA ms" in render_profile_html({**base, "device": "cuda:0"})
