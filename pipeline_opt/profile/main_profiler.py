@@ -401,6 +401,7 @@ class StepProfiler:
 
     def _step_records(self) -> tuple[StepRecord, ...]:
         out = []
+        epoch_of = {r.step: r.epoch for r in self._receipts}
         for k, s in enumerate(self._measured):
             nxt = self._measured[k + 1].t_request if k + 1 < len(self._measured) else self._window[1]
             if self.cuda and len(s.events) == 3:
@@ -417,6 +418,7 @@ class StepProfiler:
                 step_s=max(nxt - s.t_request, 0) / 1e9,
                 samples=s.samples,
                 launch_s=(s.t_end - s.t_step0) / 1e9,
+                epoch=epoch_of.get(s.index, 0),
             ))
         return tuple(out)
 

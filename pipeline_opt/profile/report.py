@@ -43,6 +43,7 @@ class StepRecord:
     step_s: float  # data_wait_s + h2d_s + compute_s (wall time between step starts)
     samples: int
     launch_s: float = 0.0  # host seconds the main thread spent issuing the step (= compute_s on CPU)
+    epoch: int = 0  # the loader's epoch this step's batch came from (0: the first)
 
 
 @dataclass(frozen=True)

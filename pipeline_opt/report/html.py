@@ -104,7 +104,15 @@ def step_chart(d: Mapping[str, Any]) -> str:
         Series("compute", COMPUTE_COLOR, tuple(1e3 * float(s["compute_s"]) for s in steps)),
     ]
     labels = [str(s.get("index", i)) for i, s in enumerate(steps)]
-    return stacked_bars(series, labels, "time per step", "ms")
+    # a new epoch restarts non-persistent workers: its first step is marked on the axis, "e<N>|"
+    labels = [f"e{s.get('epoch', 0)}|{lab}" if i and s.get("epoch", 0) != steps[i - 1].get("epoch", 0) else lab
+              for i, (s, lab) in enumerate(zip(steps, labels))]
+    chart = stacked_bars(series, labels, "time per step", "ms")
+    epochs = sum(1 for i in range(1, len(steps)) if steps[i].get("epoch", 0) != steps[i - 1].get("epoch", 0))
+    note = (f"<p>Measured steps (x) against milliseconds (y); {epochs} epoch boundar{'y' if epochs == 1 else 'ies'} "
+            "in the window, marked e&lt;N&gt;| on the first step of each new epoch.</p>" if epochs else
+            "<p>Measured steps (x) against milliseconds (y), all in one epoch.</p>")
+    return chart + note
 
 
 def _workers_section(d: Mapping[str, Any]) -> str:

@@ -132,3 +132,13 @@ def test_a_cpu_profile_has_no_cuda_column_and_draws_the_time_outside_the_transfo
     assert "self CPU ms" in cpu and "self CUDA ms" not in cpu
     assert "outside the transforms (reading, decoding)" in cpu and "3 ms/sample" in cpu
     assert "self CUDA ms" in render_profile_html({**base, "device": "cuda:0"})
+
+
+def test_the_step_chart_marks_epoch_boundaries_and_names_its_axes():
+    from pipeline_opt.report.html import step_chart
+
+    steps = [{"index": i, "data_wait_s": 0.01, "h2d_s": 0.0, "compute_s": 0.02, "epoch": 0 if i < 7 else 1}
+             for i in range(5, 10)]
+    html = step_chart({"steps": steps})
+    assert "e1|7" in html and "1 epoch boundary in the window" in html and "milliseconds (y)" in html
+    assert "all in one epoch" in step_chart({"steps": steps[:2]})
