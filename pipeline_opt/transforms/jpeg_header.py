@@ -102,3 +102,21 @@ def _parse(buf: memoryview, where: str, complete: bool) -> JpegHeader | None:
         return None
     raise ValueError(f"{where} has no JPEG frame header (SOFn marker) before its image data; the file is "
                      "truncated or not a JPEG")
+
+
+def jpeg_folder_problem(dataset: object) -> str:
+    """Why ``dataset`` is not an ImageFolder-like set of JPEG files that a GPU decoder may read
+    itself ("" when it is): it needs ``.samples`` of (path, label), torchvision's own PIL loader
+    (another loader would be skipped) and JPEG files only."""
+    from torchvision.datasets.folder import default_loader, pil_loader
+
+    samples = getattr(dataset, "samples", None)
+    loader = getattr(dataset, "loader", None)
+    if not samples or not callable(loader):
+        return f"{type(dataset).__name__} is not an ImageFolder-like dataset (no .samples / .loader)"
+    if loader not in (default_loader, pil_loader):
+        return f"the dataset reads images with its own loader ({loader!r}), which GPU decoding would skip"
+    bad = next((str(p) for p, _ in samples if not str(p).lower().endswith(JPEG_SUFFIXES)), None)
+    if bad is not None:
+        return f"not every image is a JPEG ({bad.rsplit('/', 1)[-1]})"
+    return ""

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.transforms.jpeg_header import JPEG_SUFFIXES, read_jpeg_header
+from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem, read_jpeg_header
 from pipeline_opt.transforms.replay import (
     ReplayDataset,
     ReplaySampler,
@@ -145,7 +145,6 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
     policies (AutoAugment, RandAugment, TrivialAugmentWide), drawn on the device.
     """
     from torch.utils.data import default_collate
-    from torchvision.datasets.folder import default_loader, pil_loader
 
     if importlib.util.find_spec("kornia") is None:
         return None, "Kornia is not installed (the GPU stage is built on it): pip install 'pipeline-opt[gpu]'"
@@ -156,14 +155,10 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
         name = getattr(loader.collate_fn, "__name__", "")
         if loader.collate_fn is not default_collate and name != "default_collate":
             return None, f"the loader has its own collate_fn ({name or loader.collate_fn!r}), which the replay would skip"
-    samples = getattr(dataset, "samples", None)
-    if not samples or not callable(getattr(dataset, "loader", None)):
-        return None, f"{type(dataset).__name__} is not an ImageFolder-like dataset (no .samples / .loader)"
-    if dataset.loader not in (default_loader, pil_loader):
-        return None, f"the dataset reads images with its own loader ({dataset.loader!r}), which GPU decoding would skip"
-    bad = next((str(p) for p, _ in samples if not str(p).lower().endswith(JPEG_SUFFIXES)), None)
-    if bad is not None:
-        return None, f"not every image is a JPEG ({bad.rsplit('/', 1)[-1]})"
+    problem = jpeg_folder_problem(dataset)
+    if problem:
+        return None, problem
+    samples = dataset.samples
     transform = getattr(dataset, "transform", None)
     try:
         steps = recognise(transform, same_distribution=same_distribution)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt.tune.offload import JPEG_SUFFIXES
+from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem
 
 NVJPEG_WORKERS = 4  # workers for GPU decoding when the loader had none: reading files is cheap
 
@@ -104,17 +104,12 @@ def plan_nvjpeg_decode(loader: DataLoader) -> tuple[NvjpegDecode | None, str]:
     import torchvision.transforms as T1
     import torchvision.transforms.v2 as T2
     from torch.utils.data import default_collate
-    from torchvision.datasets.folder import default_loader, pil_loader
 
     dataset = loader.dataset
-    samples = getattr(dataset, "samples", None)
-    if not samples or not callable(getattr(dataset, "loader", None)):
-        return None, f"{type(dataset).__name__} is not an ImageFolder-like dataset (no .samples / .loader)"
-    if dataset.loader not in (default_loader, pil_loader):
-        return None, f"the dataset reads images with its own loader ({dataset.loader!r}), which GPU decoding would skip"
-    bad = next((str(p) for p, _ in samples if not str(p).lower().endswith(JPEG_SUFFIXES)), None)
-    if bad is not None:
-        return None, f"not every image is a JPEG ({bad.rsplit('/', 1)[-1]})"
+    problem = jpeg_folder_problem(dataset)
+    if problem:
+        return None, problem
+    samples = dataset.samples
     if getattr(dataset, "target_transform", None) is not None:
         return None, "the dataset has a target_transform, which the encoded dataset does not apply"
     if loader.batch_size is None and loader.batch_sampler is None:

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.transforms.jpeg_header import JPEG_SUFFIXES
 
 log = get_logger("tune.offload")
 
-JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 
 
 @dataclass(frozen=True)
