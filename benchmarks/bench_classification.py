@@ -155,7 +155,7 @@ def make_loader(dataset: Any, sizes: Sizes, workers: int, pin: bool, collate_fn:
 
 def draft_folder(root: Path, transform: Any, crop: int) -> Any:
     """An ImageFolder whose loader is the library's draft (JPEG DCT-scaling) decoder, as autotune uses it."""
-    from pipeline_opt.transforms.decode import draft_loader
+    from pipeline_opt.loading.decode import draft_loader
 
     return torchvision.datasets.ImageFolder(root, transform=transform, loader=draft_loader((crop, crop)))
 
@@ -165,10 +165,10 @@ def nvjpeg_source(root: Path, sizes: Sizes, point: Point, device: torch.device) 
 
     On a CPU device the same decoder runs libjpeg through torchvision (the smoke test's path).
     """
-    from pipeline_opt.transforms import DeviceLoader
-    from pipeline_opt.transforms.decode import EncodedJpegDataset as dataset_cls
-    from pipeline_opt.transforms.decode import GpuJpegDecoder as decoder_cls
-    from pipeline_opt.transforms.decode import packed_jpeg_collate as collate
+    from pipeline_opt.loading import DeviceLoader
+    from pipeline_opt.loading.decode import EncodedJpegDataset as dataset_cls
+    from pipeline_opt.loading.decode import GpuJpegDecoder as decoder_cls
+    from pipeline_opt.loading.decode import packed_jpeg_collate as collate
 
     dataset = dataset_cls.from_image_folder(root)
     loader = make_loader(dataset, sizes, point.workers, point.pin, collate_fn=collate)
@@ -195,7 +195,7 @@ def build_source(root: Path, sizes: Sizes, point: Point, device: torch.device) -
     loader = make_loader(dataset, sizes, point.workers, point.pin)
     if not point.offload:
         return loader
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
 
     return DeviceLoader(loader, device=device, transform=gpu_part)
 

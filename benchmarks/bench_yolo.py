@@ -13,7 +13,7 @@ affinity is set before torch starts, so every thread and worker inherits it)
     limit         one pinned batch replayed through the step (the data pipeline removed)
     default       ultralytics' loader as the trainer builds it (workers=8)
     shared slots  the same loader settings, images delivered through pipeline_opt's reused
-                  page-locked worker buffers (pipeline_opt.shared_slots), untuned
+                  page-locked worker buffers (pipeline_opt.loading.shared_slots), untuned
     integration   pipeline_opt's ultralytics integration: GPU augmentation where it wins, then
                   tune_yolo(shared_slots=True): the loader tuned on real steps, shared slots
                   among the knobs (Sizes.integration_shared_slots)
@@ -178,7 +178,7 @@ def slot_meta(loader: Any) -> dict[str, Any]:
 
 def slots_candidate(bench: Bench) -> H.Candidate:
     """The default loader's settings, images through reused page-locked worker buffers (no tuning)."""
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
 
     cand = H.Candidate(SLOTS_ROW, lambda: DeviceLoader(bench.base.loader, device=bench.device,
                                                        reuse_buffers=True),

@@ -41,7 +41,7 @@ and the training thread's own CPU seconds per step:
                                 (time between batches = loading samples; collating)
     default, shared slots       the default loader's settings with pipeline_opt's shared slots: the
                                 workers write the images into reused shared-memory buffers that
-                                the training process page-locks once (pipeline_opt.shared_slots);
+                                the training process page-locks once (pipeline_opt.loading.shared_slots);
                                 its meta has the workers' and the receiving thread's time per batch
     ... shared slots, not page-locked   the same without cudaHostRegister (a diagnostic)
     12 workers, ...             the default loader and the shared slots with more workers
@@ -463,8 +463,8 @@ class SlotsRow:
 
     def __call__(self) -> Any:
         if self.loader is None:
-            from pipeline_opt.shared_slots import slot_loader
-            from pipeline_opt.transforms import DeviceLoader
+            from pipeline_opt.loading import DeviceLoader
+            from pipeline_opt.loading.shared_slots import slot_loader
 
             source = self.source()
             if self.workers is not None:

@@ -10,6 +10,7 @@ from pipeline_opt import datasets, integrations, transforms
 from pipeline_opt._logging import enable_console_logging, get_logger
 from pipeline_opt._version import __version__
 from pipeline_opt.front_doors import autotune
+from pipeline_opt.loading import DeviceLoader
 from pipeline_opt.profile import (
     BatchSizeAdvice,
     LoopProfiler,
@@ -21,7 +22,7 @@ from pipeline_opt.profile import (
     profile,
     profile_loop,
 )
-from pipeline_opt.transforms import DeviceLoader, split_transforms
+from pipeline_opt.transforms import split_transforms
 from pipeline_opt.tune import Trial, TuneResult
 
 __all__ = [

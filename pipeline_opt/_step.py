@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._staging import staging_for
+from pipeline_opt.loading.staging import staging_for
 
 log = get_logger("step")
 
@@ -135,7 +135,7 @@ def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` without making the host wait: a pageable CPU tensor goes through a
-    reused page-locked buffer (:mod:`pipeline_opt._staging`), then is copied without blocking (a
+    reused page-locked buffer (:mod:`pipeline_opt.loading.staging`), then is copied without blocking (a
     copy from pageable memory waits for the device's queue)."""
     if t.device == device:
         return t

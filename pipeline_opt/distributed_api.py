@@ -187,7 +187,7 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
     own_gpu = list(result.config.get("gpu_transforms") or [])
     agreed_gpu = list(config.get("gpu_transforms") or [])
     if config.get("shared_slots") and overrides.get("num_workers", base.num_workers) > 0:
-        from pipeline_opt.transforms import DeviceLoader
+        from pipeline_opt.loading import DeviceLoader
 
         transform = getattr(result.loader, "transform", None) if own_gpu == agreed_gpu else None
         return DeviceLoader.through_slots(base, getattr(result.loader, "device", None), transform=transform,

@@ -40,7 +40,7 @@ def unwrap_loader(loader: Any) -> tuple[DataLoader, Callable[[DataLoader], Any]]
 def _rewrap(outer: Any, clone: DataLoader) -> Any:
     """A wrapper like ``outer`` (same device / transform) around ``clone``."""
     try:
-        from pipeline_opt.transforms.device_loader import DeviceLoader
+        from pipeline_opt.loading.device_loader import DeviceLoader
     except ImportError:  # pragma: no cover - the package always ships it
         DeviceLoader = None  # noqa: N806
     if DeviceLoader is not None and type(outer) is DeviceLoader:
@@ -59,7 +59,7 @@ def _rewrap(outer: Any, clone: DataLoader) -> Any:
 def _own_slots(loader: DataLoader) -> Any:
     """``loader``'s collate function; a shared-slots one with a pool of its own, so the profiled
     clone's workers deliver through slots as the original's do without sharing theirs."""
-    from pipeline_opt.shared_slots import SlotCollate, with_own_pool
+    from pipeline_opt.loading.shared_slots import SlotCollate, with_own_pool
 
     collate = loader.collate_fn
     if isinstance(collate, SlotCollate):

@@ -2,8 +2,8 @@
 
 * :mod:`~pipeline_opt.transforms.gpu` — ToFloat, ConvertDtype, Normalize, Resize, CenterCrop on batches.
 * :mod:`~pipeline_opt.transforms.split` — ``split_transforms(compose) -> (cpu_part, gpu_part)``.
-* :mod:`~pipeline_opt.transforms.device_loader` — ``DeviceLoader``: copy, transform, prefetch on a side stream.
-* :mod:`~pipeline_opt.transforms.decode` — draft (reduced-DCT) CPU decode and batched nvJPEG decode.
+* The device loader and the decoders live in :mod:`pipeline_opt.loading`; their names stay importable
+  from here (``DeviceLoader``, ``GpuJpegDecoder``, ``gpu_jpeg_loader``, ...), loaded on first use.
 * :mod:`~pipeline_opt.transforms.replay` — random augmentations replayed: parameters drawn in the
   workers from the JPEG header (same draws as the Compose), pixels made on the device;
   ``split_random_transforms(compose) -> (sampler, gpu_part)``.
@@ -12,20 +12,6 @@
 * :mod:`~pipeline_opt.transforms.random_plan` — ``plan_random_gpu_pipeline(loader)`` for the tuner.
 """
 
-from pipeline_opt.transforms.decode import (
-    DraftError,
-    DraftLoader,
-    EncodedJpegDataset,
-    GpuJpegDecoder,
-    PackedJpegs,
-    draft_dataset,
-    draft_loader,
-    gpu_jpeg_loader,
-    measure_draft_error,
-    open_draft,
-    packed_jpeg_collate,
-)
-from pipeline_opt.transforms.device_loader import DeviceLoader, apply_to_images
 from pipeline_opt.transforms.gpu import CenterCrop, ConvertDtype, Normalize, Resize, ToFloat
 from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.transforms.replay import (
@@ -61,10 +47,20 @@ __all__ = [
 _KORNIA_NAMES = frozenset({"RandomGpuPipeline"})  # not in __all__: a star import must work without Kornia
 
 
+_LOADING = frozenset({"DeviceLoader", "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder",
+                      "PackedJpegs", "apply_to_images", "draft_dataset", "draft_loader", "gpu_jpeg_loader",
+                      "measure_draft_error", "open_draft", "packed_jpeg_collate"})
+
+
 def __getattr__(name: str):
-    """Names that need Kornia load on first use, so ``import pipeline_opt`` works without it."""
+    """Names loaded on first use: those that need Kornia (so ``import pipeline_opt`` works without it),
+    and the device loader and decoders this package has always exported, from :mod:`pipeline_opt.loading`."""
     if name in _KORNIA_NAMES:
         from pipeline_opt.transforms import random_gpu
 
         return getattr(random_gpu, name)
+    if name in _LOADING:
+        import pipeline_opt.loading as loading
+
+        return getattr(loading, name)
     raise AttributeError(f"module 'pipeline_opt.transforms' has no attribute {name!r}")

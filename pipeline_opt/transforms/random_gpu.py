@@ -55,9 +55,9 @@ except ImportError:  # pragma: no cover - a Kornia without the marker computes t
         return method
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.loading.decode import _decode, unpack_jpegs
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms import replay_kernels as K
-from pipeline_opt.transforms.decode import _decode, unpack_jpegs
 from pipeline_opt.transforms.replay import (
     GEOMETRIC,
     ReplayBatch,

@@ -93,7 +93,7 @@ class RandomGpuPlan:
         """A ``DeviceLoader`` replaying on ``device`` around a clone of ``loader`` with ``overrides``
         (num_workers, pin_memory, persistent_workers, prefetch_factor...)."""
         from pipeline_opt.loader_clone import clone_loader
-        from pipeline_opt.transforms.device_loader import DeviceLoader
+        from pipeline_opt.loading.device_loader import DeviceLoader
 
         stage = self.gpu_stage(device)
         clone = clone_loader(loader, dataset=self.dataset(), collate_fn=replay_collate, **(overrides or {}))

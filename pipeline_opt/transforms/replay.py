@@ -38,8 +38,8 @@ import torchvision.transforms.v2 as T2
 from torchvision.transforms import InterpolationMode
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.loading.decode import packed_jpeg_collate
 from pipeline_opt.transforms import gpu
-from pipeline_opt.transforms.decode import packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header
 
 __all__ = [

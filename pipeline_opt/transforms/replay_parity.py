@@ -115,7 +115,7 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     ``dataset`` is an ImageFolder-like dataset of JPEG files (``.samples``, ``.transform``, the
     default loader). The torch RNG state is saved and restored around the measurement.
     """
-    from pipeline_opt.transforms.decode import _decode
+    from pipeline_opt.loading.decode import _decode
     from pipeline_opt.transforms.random_gpu import RandomGpuPipeline, _Replay, replay_module
     from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
 

@@ -112,7 +112,7 @@ def tune_loader(
         min_gain: the smallest relative gain a change must show (on top of the measured noise).
         profiler: the profiler producing the baseline / best reports (default :func:`pipeline_opt.profile`).
         shared_slots: (opt-in) on CUDA, with workers, try delivering the image tensors through reused,
-            page-locked shared-memory slots (:mod:`pipeline_opt.shared_slots`) instead of a fresh
+            page-locked shared-memory slots (:mod:`pipeline_opt.loading.shared_slots`) instead of a fresh
             segment per batch; ``result.loader`` is then a ``DeviceLoader`` yielding device batches.
             Kept when they measure no more than ``min_gain`` below the configuration without
             them (a tie goes to the slots: they cut the workers' system time and page faults),

@@ -52,13 +52,13 @@ class CandidateBuilder:
         if gpu is not None or draft is not None:
             overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         if cfg.shared_slots:
-            from pipeline_opt.transforms import DeviceLoader
+            from pipeline_opt.loading import DeviceLoader
 
             return DeviceLoader.through_slots(self.loader, self.device,
                                               transform=None if gpu is None else gpu.gpu_transform, **overrides)
         clone = clone_loader(self.loader, **overrides)
         if gpu is None:
             return clone
-        from pipeline_opt.transforms import DeviceLoader
+        from pipeline_opt.loading import DeviceLoader
 
         return DeviceLoader(clone, device=self.device, transform=gpu.gpu_transform)

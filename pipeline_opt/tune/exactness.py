@@ -144,8 +144,8 @@ def sample_indices(total: int, n: int = SAMPLE_IMAGES) -> list[int]:
 
 def measure_draft(dataset: Any, plan: Any, n: int = SAMPLE_IMAGES) -> PixelChange:
     """Draft decoding against a full decode on ``n`` of ``dataset.samples``, after the plan's resize
-    (:func:`pipeline_opt.transforms.decode.measure_draft_error`)."""
-    from pipeline_opt.transforms.decode import measure_draft_error
+    (:func:`pipeline_opt.loading.decode.measure_draft_error`)."""
+    from pipeline_opt.loading.decode import measure_draft_error
 
     samples = dataset.samples
     paths = [str(samples[i][0]) for i in sample_indices(len(samples), n)]
@@ -160,7 +160,7 @@ def measure_draft(dataset: Any, plan: Any, n: int = SAMPLE_IMAGES) -> PixelChang
 def measure_nvjpeg(dataset: Any, plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange:
     """The GPU decoder the candidate would use (``plan``: a :class:`~pipeline_opt.tune.gpu_decode.NvjpegDecode`)
     against the dataset's own pipeline (its loader + transform, on the CPU) on ``n`` images."""
-    from pipeline_opt.transforms.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
+    from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
 
     samples = [plan.samples[i] for i in sample_indices(len(plan.samples), n)]
     decoder = GpuJpegDecoder(plan.size, mean=plan.mean, std=plan.std, crop=plan.crop, device=device)

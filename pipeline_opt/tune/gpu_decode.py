@@ -2,12 +2,12 @@
 
 A plan exists when the dataset is ImageFolder-like over JPEGs (``.samples`` + the default image
 loader, no ``target_transform``), the loader batches with the default collate, and the transform
-is a chain :class:`pipeline_opt.transforms.decode.GpuJpegDecoder` reproduces: ``Resize((h, w))`` or
+is a chain :class:`pipeline_opt.loading.decode.GpuJpegDecoder` reproduces: ``Resize((h, w))`` or
 ``Resize(int)`` + ``CenterCrop``, then ``ToTensor`` (or ``ToImage`` + ``ToDtype(float32,
 scale=True)``), then an optional ``Normalize``. The candidate's loader is a DeviceLoader whose
 ``batch_transform`` is the decoder, around a clone of the user's DataLoader (same sampler, order,
-generator ...) over an :class:`~pipeline_opt.transforms.decode.EncodedJpegDataset` copy of the
-samples with :func:`~pipeline_opt.transforms.decode.packed_jpeg_collate`.
+generator ...) over an :class:`~pipeline_opt.loading.decode.EncodedJpegDataset` copy of the
+samples with :func:`~pipeline_opt.loading.decode.packed_jpeg_collate`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class NvjpegDecode:
     def build(self, loader: DataLoader, device: torch.device, overrides: dict[str, Any]) -> Any:
         """A DeviceLoader decoding on ``device`` around a clone of ``loader`` with ``overrides``."""
         from pipeline_opt.loader_clone import clone_loader
-        from pipeline_opt.transforms import DeviceLoader
-        from pipeline_opt.transforms.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
+        from pipeline_opt.loading import DeviceLoader
+        from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
 
         decoder = GpuJpegDecoder(self.size, mean=self.mean, std=self.std, crop=self.crop, device=device)
         clone = clone_loader(loader, dataset=EncodedJpegDataset(self.samples), collate_fn=packed_jpeg_collate,

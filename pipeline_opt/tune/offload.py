@@ -133,12 +133,12 @@ def plan_draft_decode(dataset: Any) -> tuple[DraftDecode | None, str]:
     if first is None or type(first).__name__ != "Resize" or size is None:
         return None, "the transform does not start with a Resize (draft decoding needs the target size)"
     try:
-        from pipeline_opt.transforms import decode
+        from pipeline_opt.loading import decode
     except ImportError:
-        return None, "pipeline_opt.transforms.decode is not available"
+        return None, "pipeline_opt.loading.decode is not available"
     factory = getattr(decode, "draft_loader", None) or getattr(decode, "DraftLoader", None)
     if factory is None:
-        return None, "pipeline_opt.transforms.decode has no draft loader"
+        return None, "pipeline_opt.loading.decode has no draft loader"
     try:
         image_loader = factory(size)
     except (TypeError, ValueError) as exc:

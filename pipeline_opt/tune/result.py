@@ -98,7 +98,7 @@ class TuneResult:
                              "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
         if cfg.get("shared_slots"):
             out["shared_slots"] = ("image tensors through reused page-locked slots: `loader = "
-                                   "pipeline_opt.shared_slots.slot_loader(loader)`, iterated through "
+                                   "pipeline_opt.loading.shared_slots.slot_loader(loader)`, iterated through "
                                    "`pipeline_opt.transforms.DeviceLoader(loader, device, reuse_buffers=True)`")
         for change in self.pixel_changes:
             key = change.setting.partition("=")[0]

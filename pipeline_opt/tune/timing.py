@@ -61,7 +61,7 @@ def slot_first_use_batches(num_workers: int, prefetch_factor: int | None) -> int
     runs (colour on the CPU there), after 8 s of warm-up, read them 8% and 23% faster (results
     20261204-6974fc4-16cores, 20261204-d8cb622-16cores).
     """
-    from pipeline_opt.shared_slots import DEFAULT_EXTRA_SLOTS
+    from pipeline_opt.loading.shared_slots import DEFAULT_EXTRA_SLOTS
 
     workers = max(0, int(num_workers))
     return workers * (int(prefetch_factor or 2) + DEFAULT_EXTRA_SLOTS)

@@ -214,8 +214,8 @@ def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
 
 
 def test_rebuild_with_shared_slots_wraps_an_infinite_loader_and_back(yolo_data):
-    from pipeline_opt.shared_slots import slot_pool_of
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
+    from pipeline_opt.loading.shared_slots import slot_pool_of
 
     pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu")
     try:

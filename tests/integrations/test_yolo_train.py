@@ -188,7 +188,7 @@ def _record_files(model, files: list) -> None:
 def test_forced_shared_slots_train_every_sample_through_reused_buffers(yolo_data, tmp_path, no_network, train_args):
     import torch
 
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
     from pipeline_opt.tune.measure import live_children
 
     model = YOLO("yolo11n.yaml")
@@ -253,7 +253,7 @@ def test_bad_shared_slots_values_are_rejected(bad):
 
 def test_a_retune_replaces_a_shared_slots_loader_without_losing_samples(yolo_data, tmp_path, no_network,
                                                                          quick_profile, train_args):
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
     from pipeline_opt.tune.measure import live_children
 
     model = YOLO("yolo11n.yaml")
@@ -282,7 +282,7 @@ def test_cuda_training_through_shared_slots_and_gpu_augmentation(yolo_data, tmp_
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
     from pipeline_opt.tune.measure import live_children
 
     model = YOLO("yolo11n.yaml")

@@ -14,7 +14,7 @@ from tune_fixtures import tiny_model
 
 import pipeline_opt as po
 from pipeline_opt.datasets import make_image_folder
-from pipeline_opt.transforms.decode import measure_draft_error
+from pipeline_opt.loading.decode import measure_draft_error
 from pipeline_opt.tune import exactness
 from pipeline_opt.tune.exactness import (
     PixelChange,

@@ -451,7 +451,7 @@ def test_the_given_worker_count_still_answers_to_the_shared_memory_check():
 def test_builder_makes_a_slot_device_loader():
     import torch
 
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
     from pipeline_opt.tune.build import CandidateBuilder
 
     built = CandidateBuilder(_dataloader(), torch.device("cpu")).build(LoaderConfig(2, shared_slots=True))

@@ -114,7 +114,7 @@ def test_whole_rounds_rejects_an_empty_window():
 
 
 def test_a_shared_slots_trial_discards_every_slots_first_batch_and_is_priced_for_it():
-    from pipeline_opt.shared_slots import slot_loader
+    from pipeline_opt.loading.shared_slots import slot_loader
     from pipeline_opt.tune.trial import TrialRunner
 
     assert timing.slot_first_use_batches(8, 4) == 48  # 8 workers x (4 prefetched + 2)

@@ -67,7 +67,7 @@ def attach(
             times hold the GPU work (ultralytics' loop syncs every step anyway to log losses).
         shared_slots: deliver the train loader's images through shared slots: each worker writes
             its batches into a few reused shared-memory buffers that the training process maps and
-            page-locks once (:mod:`pipeline_opt.shared_slots`), instead of a fresh segment mapped,
+            page-locks once (:mod:`pipeline_opt.loading.shared_slots`), instead of a fresh segment mapped,
             faulted in and pin-copied per batch; ``trainer.train_loader`` then becomes a
             :class:`~pipeline_opt.transforms.DeviceLoader` over the tuned ``InfiniteDataLoader``
             that hands the trainer its batches on the device, with the same samples in the same

@@ -9,7 +9,7 @@ function do the rest, so the batch is the same, keys in the same (sorted) order:
 * :class:`SharedImageCollate` stacks them with ``default_collate``, which allocates in shared memory
   in a worker: one copy of the batch's images fewer per batch in every worker (79 MB at
   64 x 640 x 640 x 3);
-* :class:`pipeline_opt.shared_slots.SlotCollate` stacks into a reused, page-locked slot.
+* :class:`pipeline_opt.loading.shared_slots.SlotCollate` stacks into a reused, page-locked slot.
 """
 
 from __future__ import annotations

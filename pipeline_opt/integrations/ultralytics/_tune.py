@@ -38,7 +38,7 @@ def plain_loader_of(loader: Any) -> Any:
     on CUDA, as the slots were). Never iterated here: it starts no workers."""
     if not delivers_through_slots(loader):
         return loader
-    from pipeline_opt.shared_slots import slot_collate_of
+    from pipeline_opt.loading.shared_slots import slot_collate_of
 
     inner = loader.loader
     return clone_loader(inner, collate_fn=slot_collate_of(inner).collate_fn,
@@ -104,7 +104,7 @@ def rebuild_loader(loader: Any, config: dict[str, Any], device: torch.device | s
         return clone_loader(base, **overrides)
     if device is None:
         raise ValueError("shared_slots=True needs the device the batches go to; pass device=")
-    from pipeline_opt.transforms import DeviceLoader
+    from pipeline_opt.loading import DeviceLoader
 
     return DeviceLoader.through_slots(base, device, **overrides)
 

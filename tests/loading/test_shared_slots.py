@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline_opt.shared_slots import (
+from pipeline_opt.loading import DeviceLoader
+from pipeline_opt.loading.shared_slots import (
     HEADER_BYTES,
     SlotCollate,
     SlotPool,
@@ -18,7 +19,6 @@ from pipeline_opt.shared_slots import (
     slot_loader,
     slot_pool_of,
 )
-from pipeline_opt.transforms import DeviceLoader
 from pipeline_opt.tune.measure import live_children
 
 
@@ -215,7 +215,7 @@ def test_cuda_slots_are_page_locked_and_batches_match():
 
 
 def test_receive_thread_yields_batches_with_their_slots_and_releases_on_close():
-    from pipeline_opt.shared_slots import ReceiveThread
+    from pipeline_opt.loading.shared_slots import ReceiveThread
 
     s = slot_loader(_loader(dataset=Images(n=40)))
     receiver = SlotReceiver(slot_pool_of(s))
@@ -242,7 +242,7 @@ def test_receive_thread_yields_batches_with_their_slots_and_releases_on_close():
 
 
 def test_receive_thread_raises_the_loaders_error():
-    from pipeline_opt.shared_slots import ReceiveThread
+    from pipeline_opt.loading.shared_slots import ReceiveThread
 
     class Bad(Images):
         def __getitem__(self, i):
@@ -331,7 +331,7 @@ def test_a_reference_to_an_overwritten_slot_raises():
 
 
 def _header_of(t):
-    from pipeline_opt.shared_slots import _header
+    from pipeline_opt.loading.shared_slots import _header
 
     return _header(t.untyped_storage())
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from pipeline_opt.datasets import make_image_folder
-from pipeline_opt.transforms.decode import (
+from pipeline_opt.loading.decode import (
     DraftLoader,
     EncodedJpegDataset,
     GpuJpegDecoder,
@@ -35,7 +35,7 @@ from pipeline_opt.transforms.decode import (
     packed_jpeg_collate,
     unpack_jpegs,
 )
-from pipeline_opt.transforms.device_loader import DeviceLoader
+from pipeline_opt.loading.device_loader import DeviceLoader
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -12,7 +12,7 @@ rounding-up of odd sizes can change by one pixel; ``measure_draft_error`` counts
 GPU decoding. Workers only read files (:class:`EncodedJpegDataset`), their collate
 (:func:`packed_jpeg_collate`) packs a batch's encoded bytes into one uint8 tensor plus sizes — one
 shared-memory handle per batch instead of one per image — and :class:`GpuJpegDecoder`, given to
-:class:`~pipeline_opt.transforms.device_loader.DeviceLoader` as ``batch_transform``, decodes the batch
+:class:`~pipeline_opt.loading.device_loader.DeviceLoader` as ``batch_transform``, decodes the batch
 with ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG), resizes with the faithful
 :class:`~pipeline_opt.transforms.gpu.Resize` and normalises, on the loader's side stream. On a CPU
 device it decodes with libjpeg through the same call, so it runs (and is tested) anywhere.
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+import pipeline_opt.transforms.gpu as gpu
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
-from pipeline_opt.transforms import gpu
 
 __all__ = [
     "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder", "PackedJpegs", "draft_dataset",
@@ -342,7 +342,7 @@ def gpu_jpeg_loader(dataset: Any, decoder: GpuJpegDecoder, **loader_kwargs: Any)
     ``shuffle``...); ``collate_fn`` is :func:`packed_jpeg_collate` and ``pin_memory`` defaults to
     whether the decoder's device is CUDA.
     """
-    from pipeline_opt.transforms.device_loader import DeviceLoader
+    from pipeline_opt.loading.device_loader import DeviceLoader
 
     if "collate_fn" in loader_kwargs:
         raise ValueError("gpu_jpeg_loader sets collate_fn=packed_jpeg_collate itself; do not pass one")

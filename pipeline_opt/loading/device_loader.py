@@ -3,7 +3,7 @@
 :class:`DeviceLoader` wraps any DataLoader (or iterable of batches). For each batch it
 
 1. applies ``batch_transform`` to the batch as the loader yields it (host tensors; e.g. the
-   :class:`~pipeline_opt.transforms.decode.GpuJpegDecoder` of packed JPEG batches),
+   :class:`~pipeline_opt.loading.decode.GpuJpegDecoder` of packed JPEG batches),
 2. copies every tensor nested in tuples / lists / dicts / namedtuples to ``device``
    (``non_blocking`` — asynchronous from pinned memory),
 3. applies ``transform`` to the batch's image tensor (the one
@@ -19,7 +19,7 @@ for the consumer's stream before each submission (transform parameters made ther
 On CPU it is a plain pass-through that applies the same transforms.
 
 With ``reuse_buffers=True`` the loader's workers deliver image tensors through shared-memory slots
-they reuse (:mod:`pipeline_opt.shared_slots`): the training process maps and page-locks each slot
+they reuse (:mod:`pipeline_opt.loading.shared_slots`): the training process maps and page-locks each slot
 once instead of mapping, faulting in and pin-copying a fresh segment per batch. A slot is handed
 back to its worker once the copy out of it has completed (a CUDA event), so nothing the step reads
 is ever overwritten; on the CPU the batch is copied out of the slot first.
@@ -87,7 +87,7 @@ class DeviceLoader:
             tensors, on the side stream); tensors it returns already on ``device`` are not copied
             again. For decoders that read host data, e.g. ``GpuJpegDecoder``.
         reuse_buffers: deliver the image tensors through reused shared-memory slots
-            (:func:`pipeline_opt.shared_slots.slot_loader`). ``loader`` must be a DataLoader; unless
+            (:func:`pipeline_opt.loading.shared_slots.slot_loader`). ``loader`` must be a DataLoader; unless
             it was made by ``slot_loader`` already, a clone of it (``pin_memory=False``: the slots are
             page-locked instead) is what gets iterated, and ``.loader`` is that clone. With
             ``num_workers=0`` there is nothing to reuse and the loader is used as it is.
@@ -103,9 +103,9 @@ class DeviceLoader:
                       transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                       **overrides: Any) -> DeviceLoader:
         """The one way to build a loader delivering through shared slots: a clone of ``loader``
-        (``overrides`` applied, :func:`pipeline_opt.shared_slots.slot_loader`) iterated by a
+        (``overrides`` applied, :func:`pipeline_opt.loading.shared_slots.slot_loader`) iterated by a
         ``DeviceLoader`` that reuses its page-locked buffers."""
-        from pipeline_opt.shared_slots import slot_loader
+        from pipeline_opt.loading.shared_slots import slot_loader
 
         return cls(slot_loader(loader, **overrides), device=device, transform=transform, reuse_buffers=True)
 
@@ -133,7 +133,7 @@ class DeviceLoader:
     def _use_slots(self) -> None:
         from torch.utils.data import DataLoader
 
-        from pipeline_opt.shared_slots import slot_loader, slot_pool_of
+        from pipeline_opt.loading.shared_slots import slot_loader, slot_pool_of
 
         loader = self.loader
         if not isinstance(loader, DataLoader):
@@ -155,11 +155,11 @@ class DeviceLoader:
         return self._receiver is not None
 
     def slot_stats(self) -> Any:
-        """:class:`~pipeline_opt.shared_slots.SlotStats` of the workers so far; None without ``reuse_buffers``."""
+        """:class:`~pipeline_opt.loading.shared_slots.SlotStats` of the workers so far; None without ``reuse_buffers``."""
         return None if self._receiver is None else self._receiver.pool.stats()
 
     def receive_stats(self) -> Any:
-        """:class:`~pipeline_opt.shared_slots.ReceiveStats` of the receiving thread so far (CUDA);
+        """:class:`~pipeline_opt.loading.shared_slots.ReceiveStats` of the receiving thread so far (CUDA);
         None without ``reuse_buffers``."""
         return None if self._receiver is None else self._receiver.receive_stats()
 
@@ -227,7 +227,7 @@ class DeviceLoader:
                 previous.close()
         it = iter(self.loader)
         if self._receiver is not None:
-            from pipeline_opt.shared_slots import ReceiveThread
+            from pipeline_opt.loading.shared_slots import ReceiveThread
 
             it = self._receiving = ReceiveThread(it, self._receiver, prepare=_pin_small, device=self.device)
         try:
@@ -281,7 +281,7 @@ def _pin_small(batch: Any, slots: list) -> Any:
 
 def _pin_others(batch: Any, skip: set[int]) -> Any:
     """``batch`` with every host tensor not in ``skip`` (by ``id``) and not pinned yet copied to pinned memory."""
-    from pipeline_opt.shared_slots import _map_leaves
+    from pipeline_opt.loading.shared_slots import _map_leaves
 
     def pin(t: torch.Tensor) -> torch.Tensor:
         return t if id(t) in skip or t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
@@ -291,7 +291,7 @@ def _pin_others(batch: Any, skip: set[int]) -> Any:
 
 def _without_slots(batch: Any) -> Any:
     """``batch`` with every host tensor that lives in a shared slot replaced by a copy."""
-    from pipeline_opt.shared_slots import _map_leaves, slot_header
+    from pipeline_opt.loading.shared_slots import _map_leaves, slot_header
 
     return _map_leaves(batch, lambda x: isinstance(x, torch.Tensor),
                        lambda t: t.clone() if slot_header(t) is not None else t)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline_opt.transforms.device_loader import DeviceLoader, apply_to_images
+from pipeline_opt.loading.device_loader import DeviceLoader, apply_to_images
 from pipeline_opt.transforms.gpu import Normalize, ToFloat
 
 Pair = namedtuple("Pair", ["image", "label"])

@@ -450,7 +450,7 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
 
     The clone has ``pin_memory=False``: the slots are page-locked by :class:`SlotReceiver` instead.
     ``slots_per_worker`` defaults to the clone's ``prefetch_factor + 2``. Iterate it through
-    :class:`~pipeline_opt.transforms.device_loader.DeviceLoader` (``reuse_buffers=True``), which
+    :class:`~pipeline_opt.loading.device_loader.DeviceLoader` (``reuse_buffers=True``), which
     releases each slot once its copy is done; iterated directly, the slots are never released and
     the workers fall back to the ordinary path after their first batches.
     """

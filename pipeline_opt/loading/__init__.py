@@ -1,0 +1,32 @@
+"""Moving data: the device loader, decoding, staging and shared slots.
+
+* :mod:`~pipeline_opt.loading.device_loader` — ``DeviceLoader``: copy, transform, prefetch on a side stream;
+  ``DeviceLoader.through_slots`` is the one way to build a loader that delivers through shared slots.
+* :mod:`~pipeline_opt.loading.decode` — draft (reduced-DCT) CPU decode and batched nvJPEG decode of
+  packed encoded batches.
+* :mod:`~pipeline_opt.loading.staging` — small non-blocking host-to-device uploads through reused
+  page-locked buffers.
+* :mod:`~pipeline_opt.loading.shared_slots` — workers write batches into reused, page-locked
+  shared-memory slots.
+"""
+
+from pipeline_opt.loading.decode import (
+    DraftError,
+    DraftLoader,
+    EncodedJpegDataset,
+    GpuJpegDecoder,
+    PackedJpegs,
+    draft_dataset,
+    draft_loader,
+    gpu_jpeg_loader,
+    measure_draft_error,
+    open_draft,
+    packed_jpeg_collate,
+)
+from pipeline_opt.loading.device_loader import DeviceLoader, apply_to_images
+
+__all__ = [
+    "DeviceLoader", "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder", "PackedJpegs",
+    "apply_to_images", "draft_dataset", "draft_loader", "gpu_jpeg_loader", "measure_draft_error", "open_draft",
+    "packed_jpeg_collate",
+]
