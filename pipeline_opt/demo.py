@@ -152,26 +152,6 @@ def build(cfg: DemoConfig):
     return folder, loader, model, step
 
 
-class ReuseBaseline:
-    """A profiler for ``po.autotune`` that answers the baseline request with the report just measured.
-
-    The first call for the loader as given returns ``report`` instead of measuring the same loader
-    twice; every other call is a plain :func:`pipeline_opt.profile`.
-    """
-
-    def __init__(self, loader: Any, report: Any) -> None:
-        self.loader = loader
-        self.report = report
-
-    def __call__(self, loader: Any, *args: Any, **kwargs: Any) -> Any:
-        import pipeline_opt as po
-
-        if loader is self.loader and self.report is not None:
-            report, self.report = self.report, None
-            return report
-        return po.profile(loader, *args, **kwargs)
-
-
 def cpu_caveat(tuned: Any) -> str:
     """What a CPU-only run could not show, from the tuner's own list of what it did not try."""
     skipped = [line for line in tuned.not_tried if "device is cpu" in line or "CUDA" in line]
@@ -203,8 +183,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     log.info("1/2 profiling the naive loader (num_workers=%d, every transform on the CPU)", loader.num_workers)
     before = po.profile(loader, model, steps=cfg.steps, warmup=cfg.warmup, progress=True, **common)
     log.info("2/2 autotuning (budget %.0f s), then profiling the tuned loader", cfg.budget_s)
-    tuned = po.autotune(loader, model, time_budget_s=cfg.budget_s, profiler=ReuseBaseline(loader, before),
-                        **common)
+    tuned = po.autotune(loader, model, time_budget_s=cfg.budget_s, baseline=before, **common)  # one diagnosis
     # autotune ends with po.profile of the tuned loader (result.best): that is the "after" profile
     after = tuned.best
     log.info("tuned loader: %.1f -> %.1f samples/s in the tuning trials (%.2fx)", tuned.baseline_throughput,

@@ -89,6 +89,7 @@ def tune_loader(
     profiler: Profiler | None = None,
     shared_slots: bool = False,
     exact: bool = False,
+    baseline: ProfileReport | None = None,
 ) -> TuneResult:
     """Find a faster configuration of ``loader`` for training ``model``, verified by measurement, in
     this process (:func:`pipeline_opt.autotune` is the front door: inside torchrun it makes the ranks
@@ -124,6 +125,9 @@ def tune_loader(
             the latter only after measuring its error on a few of your images and only when it stays
             within :data:`pipeline_opt.tune.exactness.DECODE_MEAN_ERROR` / ``DECODE_MAX_ERROR``.
             Whatever changes pixels is named in ``result.pixel_changes`` with its measured error.
+        baseline: a :func:`pipeline_opt.profile` report of this same loader and step, used as the
+            baseline's profile instead of measuring it again: the report and the tuning then start
+            from one measurement and one diagnosis.
 
     Returns:
         A :class:`TuneResult`; ``result.loader`` yields the same samples in the same order as
@@ -134,6 +138,7 @@ def tune_loader(
     _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain)
     if not isinstance(exact, bool):
         raise TypeError(f"exact={exact!r} must be True (bit-identical samples only) or False")
+    _check_baseline(baseline, loader)
     dev = resolve_device(model, device)
     step = CheckedStep(step_fn, dev)  # validated on the probe's batch, before any measurement
     if profiler is None:
@@ -144,18 +149,20 @@ def tune_loader(
         with ModelStateGuard(model):
             return _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler,
                          gpu_transforms=gpu_transforms, draft_decode=draft_decode, max_workers=max_workers,
-                         progress=progress, seed=seed, min_gain=min_gain, shared_slots=shared_slots, exact=exact)
+                         progress=progress, seed=seed, min_gain=min_gain, shared_slots=shared_slots, exact=exact,
+                         baseline=baseline)
     finally:
         bar.close()
 
 
 def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *, gpu_transforms, draft_decode,
-          max_workers, progress, seed, min_gain, shared_slots, exact=False) -> TuneResult:
+          max_workers, progress, seed, min_gain, shared_slots, exact=False, baseline=None) -> TuneResult:
     baseline_cfg = LoaderConfig.of(loader)
     budget_s = deadline - t_start
     probe = probe_batch(loader, check=lambda batch: step.check(model, batch))
     t0 = time.monotonic()
-    baseline_report = _profile(profiler, loader, model, step_fn, dev, "the baseline trial (the loader as given)")
+    baseline_report = baseline if baseline is not None else \
+        _profile(profiler, loader, model, step_fn, dev, "the baseline trial (the loader as given)")
     profile_s = time.monotonic() - t0
     bar.set_postfix(f"baseline {baseline_report.throughput:,.1f} samples/s")
 
@@ -475,6 +482,26 @@ def _annotated(exc: BaseException, context: str) -> BaseException:
     except Exception:
         pass
     return RuntimeError(f"{message} ({type(exc).__name__})")
+
+
+BASELINE_KEYS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+def _check_baseline(baseline: Any, loader: DataLoader) -> None:
+    """A ``baseline=`` report must be a profile of this loader as it is now."""
+    if baseline is None:
+        return
+    if not isinstance(baseline, ProfileReport):
+        raise TypeError(f"baseline must be the ProfileReport that po.profile returned for this loader, got "
+                        f"{type(baseline).__name__}")
+    from pipeline_opt.profile.install import describe_loader
+
+    now = describe_loader(loader)
+    differ = [f"{k}={baseline.loader_config.get(k)!r} in the report, {now.get(k)!r} now" for k in BASELINE_KEYS
+              if baseline.loader_config.get(k) != now.get(k)]
+    if differ:
+        raise ValueError(f"baseline= is a profile of another loader ({'; '.join(differ)}): profile this loader "
+                         "with po.profile(loader, model) or leave baseline out")
 
 
 def _validate(loader, model, step_fn, time_budget_s, max_workers, seed, min_gain) -> None:

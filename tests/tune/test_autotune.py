@@ -180,3 +180,17 @@ def test_a_budget_too_small_for_one_trial_is_said_at_once(caplog):
     assert "would allow 3 trials" in lines[warned[0]][1]
     assert not any(msg.startswith("trial 2") for _, msg in lines[:warned[0]]), "the warning comes before any trial"
     assert "room for 0 trial(s)" in result.budget["plan"] and result.config == result.original_config
+
+
+@pytest.mark.timeout(90)
+def test_a_profile_report_is_the_baseline_so_both_give_one_diagnosis():
+    loader = DataLoader(SlowIO(n=32, latency_s=0.005), batch_size=4)
+    model = tiny_model()
+    report = po.profile(loader, model, steps=6, warmup=1, limit=False, trace_steps=0, progress=False)
+    result = po.autotune(loader, model, time_budget_s=8, progress=False, baseline=report)
+    assert result.baseline is report and result.baseline.bottleneck == report.bottleneck
+    other = DataLoader(SlowIO(n=32, latency_s=0.005), batch_size=8)
+    with pytest.raises(ValueError, match=r"baseline= is a profile of another loader \(batch_size=4"):
+        po.autotune(other, model, time_budget_s=8, progress=False, baseline=report)
+    with pytest.raises(TypeError, match="baseline must be the ProfileReport"):
+        po.autotune(loader, model, time_budget_s=8, progress=False, baseline={"throughput": 1.0})
