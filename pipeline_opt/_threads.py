@@ -4,9 +4,8 @@ A GPU augmentation step does a little CPU tensor work per batch (drawing paramet
 3x3 matrices, moving a few hundred boxes). Some of those operations (advanced indexing, ``cat``,
 batched ``matmul``) open a parallel region of torch's OpenMP pool even for tiny tensors. When the
 DataLoader's workers keep the other cores busy, each region waits for pool threads that are not
-scheduled: measured on the H200 machine (16 cores, 8 busy workers), the training thread of the
-``gpu_affine`` step spent ~21 ms more CPU per step with the loader running than on a replayed
-batch (64 against 43 ms, ``benchmarks/results/20261204-ac2f6e9-trace``).
+scheduled, so the training thread of a GPU augmentation step spends markedly more CPU per step
+with the loader running than on a replayed batch.
 
 :func:`single_intra_op_thread` runs a block on the calling thread alone. With torch's OpenMP
 backend the setting is per thread (other Python threads keep their own count); MKL's count is

@@ -3,8 +3,8 @@
 A stock DataLoader worker puts every batch in a *fresh* shared-memory segment; the training process
 maps it, faults its pages in, copies it into pinned memory (``pin_memory=True``) and unmaps it. For
 a YOLO batch (64 x 3 x 640 x 640 uint8 = 79 MB) at ~14 batches/s that is ~1 GB/s of page-table work
-in the training process, and on an H200 it slowed a launch-bound YOLO11n step by 25-30% (see
-``benchmarks/bench_yolo_gap.py``: the same loader drained next to a replayed batch costs as much).
+in the training process, and it can slow a launch-bound training step noticeably (the same
+loader drained next to a replayed batch costs as much; ``benchmarks/bench_yolo_gap.py`` measures it).
 
 With shared slots each worker owns ``slots_per_worker`` shared-memory buffers and writes every
 batch's image tensor into one of them (stacking straight into it where the collate function is
@@ -743,8 +743,8 @@ class ReceiveThread:
 
     A loader made by :func:`slot_loader` has ``pin_memory=False``, which would leave the receiving
     (unpickling; for every tensor a descriptor handed over by the worker's resource-sharer thread,
-    which waits for that busy worker's GIL) to the training thread (bench_yolo_gap's
-    ``default, pin_memory=False`` row on an H200: 54 vs 31 ms of training-thread CPU per step). Here it happens in this thread, with :meth:`SlotReceiver.receive` (resolving the
+    which waits for that busy worker's GIL) to the training thread, which then spends markedly
+    more CPU per step. Here it happens in this thread, with :meth:`SlotReceiver.receive` (resolving the
     references, the first-time page-locking of each slot) and ``prepare(raw, slots)`` (e.g. pinning
     the small tensors that did not travel in a slot); its timing goes to
     :meth:`SlotReceiver.receive_stats`. Up to ``depth`` batches wait in the queue. :meth:`close` stops the thread and releases the slots of

@@ -6,9 +6,8 @@ does that without waiting for the device, but its page-locked copy (and the ``to
 slice copies that build such a block) are ATen CPU operations: above 32,768 elements they run
 on the intra-op thread pool. While DataLoader workers keep the cores busy, one of those pool
 threads is often descheduled and the training thread waits for it at the parallel region's
-barrier: on the H200 machine (16 cores, 8 ultralytics workers) the training thread's
-``aten::copy_`` + ``aten::fill_`` grew from ~2.5 ms to ~27 ms per step that way (torch.profiler,
-bench_yolo_gap at 9cd89e3), with the loader running and not without it.
+barrier, so these few small copies can cost the training thread many times their own work per
+step, and only while the loader is running.
 
 :class:`PinnedStaging` keeps a ring of page-locked byte buffers per device, allocated once and
 grown on demand. :meth:`PinnedStaging.upload` copies the tensor's bytes into the next buffer with

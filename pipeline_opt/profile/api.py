@@ -83,7 +83,7 @@ def profile(
         tensorboard_dir: also write torch.profiler's TensorBoard trace there.
         progress: draw a progress bar on a terminal.
         trace_steps: steps torch.profiler records after the measured window, for the op tables, the CUDA trace and the GPU idle fraction. Tracing costs per
-            op (about a fifth of a GPU-bound step on the H200), so the throughput, step times and
+            op (a sizeable share of a GPU-bound step), so the throughput, step times and
             data wait come from the untraced window. None: as many as ``steps``; 0: no
             torch.profiler. Shortened to stay within the window's epoch when the loader has a length.
 

@@ -8,7 +8,7 @@ not traced), then one profiler warm-up step (it absorbs torch.profiler's start-u
 would otherwise show as GPU idle time) and ``trace_steps`` traced steps (10 by default; None: as
 many as ``steps``) for the op tables, the CUDA trace and the GPU idle fraction, with
 ``record_function`` ranges ``data_wait``, ``h2d`` and ``step``. torch.profiler's per-op records cost
-a GPU-bound step about a fifth of its time (measured on the H200), so the reported throughput, step
+a GPU-bound step a sizeable share of its time, so the reported throughput, step
 times and data wait come from the untraced window only; ``trace_steps=0`` runs without
 torch.profiler (no op tables, no CUDA trace, no GPU idle fraction). With ``tensorboard_dir`` the window's trace is also written there in the layout of
 ``torch.profiler.tensorboard_trace_handler`` (``<host>_<pid>.<ns>.pt.trace.json``).
@@ -491,7 +491,7 @@ def _starts_workers_after_cuda(loader: Any) -> bool:
     """Whether iterating ``loader`` starts worker processes while CUDA is initialised here.
 
     A forked worker inherits the cyclic garbage of this process; collecting a CUDA event or stream
-    there aborts the worker ("CUDA error: initialization error", seen on an H200 run), so the
+    there aborts the worker ("CUDA error: initialization error"), so the
     garbage is collected before the workers start.
     """
     workers = getattr(loader, "num_workers", 0) or getattr(getattr(loader, "loader", None), "num_workers", 0)

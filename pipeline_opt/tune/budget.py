@@ -8,14 +8,13 @@ its reason so the report can say why a candidate was capped or skipped:
   pinning to an accelerator. That share comes from measurement where the baseline profile has it:
   with ``c`` CPU seconds per step in the training process and ``b`` CPU seconds per batch in a
   worker, a pipeline that keeps every core busy gives the training process ``c / (c + b)`` of them
-  (a main thread that waits 86% of each step does not own a core; one that launches kernels all
+  (a main thread that waits most of each step does not own a core; one that launches kernels all
   step long does). It is never more than the fixed rule it replaces (one core for the main
   thread, one for the pin-memory thread), which stays the rule when nothing was measured. A
   worker that mostly waits (I/O, sleep) needs only a fraction of a core, so the cap is
   ``usable_cpus / cpu_fraction`` rounded to the nearest worker (a worker left half a core or more
-  is worth a trial: on a 2-core machine two workers read 284/259 img/s against 225/235 for none
-  while the main thread waited 86% of each step; the trials decide) and bounded by an
-  oversubscription ceiling.
+  is worth a trial: on a small machine whose main thread mostly waits, workers sharing the cores
+  with it can still beat none; the trials decide) and bounded by an oversubscription ceiling.
 * **RAM**: available memory divided by the memory one worker needs.
 * **/dev/shm**: every worker keeps ``prefetch_factor`` batches in shared memory.
 * **the dataset**: more workers than batches per epoch never helps.

@@ -28,7 +28,7 @@ injected numbers. The rules:
   ``min_gain`` below the incumbent's pooled median replaces it, the loader as given included, and
   survives the final checks while its pooled median is no more than ``min_gain`` below the
   baseline's (equal speed within the minimum gain, a fraction of the workers' system time and page
-  faults, and a win in every interleaved H200 comparison so far). A failed candidate (raised,
+  faults, and in longer interleaved comparisons slots do not lose). A failed candidate (raised,
   worker died, hung) is recorded and rolled back; the search continues.
 * The resource budget caps the workers the tuner may add; a candidate with no more workers than the
   loader as given (which has run with them) answers only to the shared-memory check, so flag changes
@@ -42,9 +42,9 @@ injected numbers. The rules:
 * A *clear* win (a gain over the baseline above ``max(CLEAR_GAIN, 5 x threshold)``, e.g. 8x for a
   data-bound loader) skips the baseline's repeats and the final re-check: no plausible noise flips
   it, and on a slow baseline those repeats would cost a large share of the budget. The winner is
-  measured a second time, though: every later candidate is compared with it, and
-  on an H200 one lucky first trial (2,756/s, against ~2,030/s in every later window of the same
-  pipeline) made the tuner reject candidates that were faster than the incumbent really was.
+  measured a second time, though: every later candidate is compared with it, and one lucky first
+  trial reading well above the pipeline's later windows would make the tuner reject candidates
+  that are faster than the incumbent really is.
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ def repeat_noise(medians: list[float]) -> float:
     return 0.0 if mean <= 0 else (max(medians) - min(medians)) / mean
 
 
-SLOTS_TIE_REASON = ("asked for, and they cut the workers' system time and page faults per batch: "
-                    "5-25x and 5-60x on an H200 YOLO pipeline")
+SLOTS_TIE_REASON = ("asked for, and they cut the workers' system time and page faults per batch "
+                    "several-fold")
 
 
 def adds_shared_slots(cfg: LoaderConfig, ref: LoaderConfig) -> bool:
@@ -227,11 +227,10 @@ class Search:
         """The measurements of ``cfg`` that count: its trials; windows of a profile
         (``Measurement.from_profile``) only while no trial of ``cfg`` has been measured.
 
-        A profile is not a trial: on an H200 the YOLO baseline's profile windows read above the same
-        loader's first trial in 13 of 16 bench_yolo tunings (the trial a median 0.83x the profile,
-        0.62x at worst; the profiler's slower warm-up steps let the workers fill their queue).
-        Pooled with the trials, that one reading set the noise (±45.7% at 8 cores) and the tuner
-        then rejected every candidate as within it."""
+        A profile is not a trial: a profile's windows usually read above the same loader's trials,
+        because the profiler's slower warm-up steps let the workers fill their queue. Pooled with
+        the trials, that one reading would set a wide noise and the tuner would then reject every
+        candidate as within it."""
         runs = self.history.get(cfg, [])
         trials = [m for m in runs if not m.from_profile]
         return trials or list(runs)
@@ -344,9 +343,8 @@ class Search:
         The worker cap keeps the tuner from *adding* workers; it does not forbid the loader as
         given's own count, which has run already. So a candidate with no more workers than the
         baseline answers only to the shared-memory check: a flag change (shared slots, pinning,
-        prefetch) on a user's 8-worker loader is still tried on an 8-core machine whose cap is 6
-        (on the H200 at 8 cores the YOLO integration read 0.70x of the limit with slots refused,
-        0.85x in the next run with them tried and kept)."""
+        prefetch) on a user's 8-worker loader is still tried on an 8-core machine whose cap is 6:
+        refusing it there would leave out a change that can pay on exactly such a machine."""
         if self.baseline is not None and 0 < cfg.num_workers <= self.baseline.num_workers:
             return self.budget.shm_allows(cfg.num_workers, cfg.prefetch_factor)
         return self.budget.allows(cfg.num_workers, cfg.prefetch_factor)
@@ -393,9 +391,9 @@ class Search:
     def _ties_with_fewer_workers(self, cfg: LoaderConfig, m: Measurement, incumbent: LoaderConfig) -> bool:
         """The tie rule: a candidate that differs from a tuner-chosen incumbent only by fewer workers
         and whose median is not below the incumbent's pooled median wins the tie. Within the noise,
-        fewer workers leave more cores to the training process (on an H200 the 12-worker point of a
-        configuration beat 14-16 workers of it by 15-20% in interleaved rounds, differences the
-        tuner's windows could not resolve). The loader as given is never replaced on a tie."""
+        fewer workers leave more cores to the training process, which can make the smaller count
+        faster by margins the tuner's short windows cannot resolve. The loader as given is never
+        replaced on a tie."""
         return (incumbent != self.baseline and cfg.num_workers < incumbent.num_workers
                 and cfg == incumbent.with_(num_workers=cfg.num_workers)
                 and m.median >= self.median(incumbent))
@@ -417,9 +415,9 @@ class Search:
     def _fall_back(self, loser: LoaderConfig, verdict: str, check: str) -> None:
         """``loser`` failed ``check`` against the baseline: the incumbent becomes the latest earlier
         incumbent that still holds up against the baseline (:meth:`_holds_against_baseline`), else
-        the baseline. On an H200 at 8 cores the tuner kept shared slots on a tie, then two workers
-        fewer on a second tie; the latter failed the final check and, without this, took the slots
-        (+15.7% in that run's pooled medians) back out with it."""
+        the baseline. When the tuner kept shared slots on a tie, then fewer workers on a second tie,
+        and the latter fails the final check, falling straight to the baseline would also undo the
+        slots, which held up on their own."""
         earlier = [c for c in reversed(self.kept) if c not in (loser, self.baseline)]
         target = next((c for c in earlier if self._holds_against_baseline(c)), self.baseline)
         self.incumbent = target
@@ -432,10 +430,9 @@ class Search:
         self._record(loser, None, False, f"{check}: {verdict}; {tail}", status="skipped")
 
     def _slots_tie(self, slots_median: float, reference_median: float) -> bool:
-        """Shared slots tie when they measure no more than ``min_gain`` below the reference: in 12 of
-        12 interleaved H200 comparisons (bench_yolo, 6 runs x 2 core settings) the slots row beat
-        the same loader without them (1.01-1.42x), while the tuner's short windows once read them
-        0.5% below and rolled them back."""
+        """Shared slots tie when they measure no more than ``min_gain`` below the reference: in longer
+        interleaved comparisons slots beat the same loader without them, while the tuner's short
+        windows can read them slightly below and would roll them back."""
         return slots_median >= (1.0 - self.min_gain) * reference_median
 
     def _repeat(self, cfg: LoaderConfig, why: str) -> bool:

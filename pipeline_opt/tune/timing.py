@@ -55,11 +55,9 @@ def slot_first_use_batches(num_workers: int, prefetch_factor: int | None) -> int
 
     A slot's first batch costs the worker a new shared-memory segment and the training process its
     mapping and page-locking (``cudaHostRegister``): once per slot, for the loader's lifetime, and
-    inside a short trial's windows unless discarded. On an H200 YOLO pipeline (48 slots of 79 MB)
-    the tuner's slot trials (~56 steps, all within the first use) read the slots 3.5% and 5.1%
-    slower than the same loader without them, while the interleaved bench_yolo rows of the same
-    runs (colour on the CPU there), after 8 s of warm-up, read them 8% and 23% faster (results
-    20261204-6974fc4-16cores, 20261204-d8cb622-16cores).
+    inside a short trial's windows unless discarded. With large batches and many slots a short
+    trial can fall entirely within that first use and read the slots slower than the same loader
+    without them, while after a warm-up the same slots read faster.
     """
     from pipeline_opt.loading.shared_slots import DEFAULT_EXTRA_SLOTS
 
@@ -71,8 +69,8 @@ def whole_rounds(steps: int, num_workers: int) -> int:
     """``steps`` rounded up to a whole number of rounds of ``num_workers`` workers (at least one round).
 
     Workers started together deliver their batches in bursts of one batch each; a window of 10
-    steps over 8 workers holds one burst or two depending on where it starts, and on an H200 such
-    windows of one YOLO pipeline read 377-925 img/s. A window of whole rounds holds the same number
+    steps over 8 workers holds one burst or two depending on where it starts, so such windows of
+    one pipeline can read more than 2x apart. A window of whole rounds holds the same number
     of batches from every worker wherever it starts.
     """
     if steps < 1:

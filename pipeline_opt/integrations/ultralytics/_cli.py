@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gpu-augment", action="store_true", help="keep HSV / flips on the CPU")
     p.add_argument("--gpu-affine", action="store_true",
                    help="also try RandomPerspective's warp on the GPU: measured against the colour/flip alone, kept "
-                        "only if faster (on an H200 YOLO11n run: 1.18x at 8 cores, a tie at 16)")
+                        "only if faster (it pays where the workers are the bottleneck, e.g. few cores)")
     p.add_argument("--shared-slots", action="store_true",
                    help="also try delivering the images through reused page-locked worker buffers (CUDA; kept "
                         "only if not slower than the 3%% minimum gain)")

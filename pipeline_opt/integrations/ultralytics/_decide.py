@@ -10,8 +10,8 @@ Otherwise the CPU stages are given back and the step is left unwrapped.
 
 :func:`decide_gpu_affine` is the second, optional decision (``gpu_affine=True``): with the GPU
 colour/flip kept, RandomPerspective's warp on the device against the workers' own warp, measured
-the same way. On the H200 it freed ~3 of 8 busy cores and read 1.18x (1.12x with shared slots) at
-8 cores, 0.90-1.06x at 16 cores: it pays where the workers are the bottleneck.
+the same way. It frees a large share of the workers' CPU time, so it pays where the workers are
+the bottleneck (few cores) and gains little or nothing where they are not.
 
 :class:`AugmentSwitch` is the one place that turns the augmentation on or off: the dataset's CPU
 stages and the device-side hook always change together.
@@ -237,8 +237,8 @@ def decide_gpu_augment(
     First one untimed step per side runs on a batch of a worker-less clone of ``loader``, so that
     the one-off costs of a fresh pipeline (cuDNN autotuning, the augmentation kernel's compilation,
     allocator growth) are paid before the first timed trial: paid inside it, they let that trial's
-    workers fill their queue, and its windows then time the queue, not the pipeline (on an H200 the
-    first CPU trial of a fresh YOLO pipeline read 620-708 img/s, the next decision's 470-544).
+    workers fill their queue, and its windows then time the queue, not the pipeline (such a first
+    trial reads well above the same side's later trials).
     Each trial runs on a fresh clone of ``loader`` (its workers fork the dataset in the state being
     measured) with the same ``seed``; the model is restored bitwise afterwards. ``rounds`` pairs are
     measured (fewer when ``time_budget_s`` runs out; with no complete pair the CPU stages stay).
@@ -246,9 +246,9 @@ def decide_gpu_augment(
     (:func:`pipeline_opt.tune.timing.whole_rounds`; ``AugmentDecision.window_steps``): windows that
     cut a round of the workers' bursts of batches read up to 2x apart.
     Then one CPU trial runs as a burn-in, recorded (``AugmentDecision.burn_in_windows``) and left out
-    of the verdict: in 6 of 8 two-pair decisions recorded on an H200, the first trial of a fresh
-    pipeline read 10-56% above the same side's repeat (the warm-up steps did not remove it), and
-    with only two pairs that one trial decided against the GPU augmentation.
+    of the verdict: the first trial of a fresh pipeline often reads well above the same side's
+    repeat (the warm-up steps do not remove it), and with only two pairs that one trial can decide
+    against the GPU augmentation.
     The switch is left in the winning state. ``measure`` replaces
     :func:`~pipeline_opt.tune.measure.measure_throughput` (tests inject numbers through it);
     ``warm_up`` and ``burn_in`` (default: only with the real measurement) run the untimed warm-up

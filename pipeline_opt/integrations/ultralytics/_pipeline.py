@@ -114,8 +114,8 @@ def build_yolo_pipeline(
         gpu_affine: RandomPerspective's warp on the device as well (the workers then only crop the
             Mosaic canvas). ``True``: a second candidate, measured after the colour/flip was kept
             (colour/flip alone against colour/flip + warp) and kept only when faster; ``"force"``
-            (or ``gpu_augment="force"``): part of the GPU augmentation, unmeasured. Measured on the
-            H200: 1.18x the colour/flip alone at 8 cores, 0.90-1.06x at 16.
+            (or ``gpu_augment="force"``): part of the GPU augmentation, unmeasured. It pays where
+            the workers are the bottleneck (few cores) and gains little or nothing where they are not.
         worker_options: which of the workers' copies the GPU augmentation also takes over
             (:class:`WorkerOptions`; default all of them).
         overrides: any other ultralytics training argument (``mosaic=0.0``, ``cache="ram"``, ...).
