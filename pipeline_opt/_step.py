@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline_opt._device import resolve_device as resolve_any_device
 from pipeline_opt._logging import get_logger
 from pipeline_opt.loading.staging import staging_for
 
@@ -158,18 +159,15 @@ def batch_size_of(batch: Any) -> int:
 
 
 def resolve_device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
-    """The device to run on: ``device`` if given (validated against the model), else the model's.
+    """The device to run on: ``device`` if given (resolved by :func:`pipeline_opt._device.resolve_device`,
+    validated against the model), else the model's.
 
     A model on the meta device is refused first (:func:`check_model`)."""
     check_model(model)
     _, model_device = _model_dtype_device(model)
     if device is None:
         return model_device
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was requested but CUDA is not available; pass device='cpu' or None")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = resolve_any_device(device)  # the one resolver: ints, CUDA without an index, the error messages
     if any(True for _ in model.parameters()) and model_device != dev:
         raise ValueError(
             f"the model is on {model_device} but device={device!r} was requested; "

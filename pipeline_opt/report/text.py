@@ -34,10 +34,6 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * _MS:.1f} ms"
 
 
-def _rate(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:,.1f}/s"
-
-
 def limit_unreliable(d: Mapping[str, Any]) -> bool:
     """Whether the loader measured faster than the device-resident limit: a limit is an upper bound,
     so that limit run was disturbed (or too short) and an efficiency above 1.0x would be a wrong claim."""

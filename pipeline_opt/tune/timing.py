@@ -44,11 +44,6 @@ def window_seconds(budget_s: float) -> float:
     return min(1.5, max(0.25, budget_s / 60.0))
 
 
-def skip_batches(warmup: int, num_workers: int) -> int:
-    """Batches a trial discards before its first window (see the module docstring)."""
-    return max(int(warmup), int(num_workers))
-
-
 def slot_first_use_batches(num_workers: int, prefetch_factor: int | None) -> int:
     """Batches until every slot of a fresh shared-slots loader has been used once: the pool's size,
     ``num_workers * (prefetch_factor + DEFAULT_EXTRA_SLOTS)`` (each worker takes its slots in turn).
