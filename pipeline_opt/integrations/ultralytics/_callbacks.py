@@ -80,6 +80,7 @@ from pipeline_opt.profile.install import (
     skip_steps,
 )
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler
+from pipeline_opt.profile.memory import SPIKE, MemoryMeter
 from pipeline_opt.profile.validation import ValidationRecorder
 
 log = get_logger("integrations.ultralytics")
@@ -181,6 +182,9 @@ class _Run:
         self.report: Any = None
         self.validation = ValidationRecorder(warmup_steps=warmup)  # each training step, each validation pass
         self.batch_end: float | None = None
+        self.memory = MemoryMeter(getattr(trainer, "device", "cpu"))  # peak per training step outside the window
+        self.epoch_peaks: dict[int, int] = {}  # epoch -> the largest step peak (allocated bytes)
+        self.batch_size = getattr(trainer, "batch_size", None)  # to notice ultralytics' out-of-memory retry
 
     @property
     def disabled(self) -> list[dict[str, Any]]:
@@ -404,6 +408,12 @@ class YoloIntegration:
             return
         if run.validation.in_validation:  # a pass whose end never came (it raised): close it here
             run.validation.validation_end()
+        batch = getattr(trainer, "batch_size", None)
+        if run.batch_size and batch and batch < run.batch_size:  # ultralytics halves the batch after an OOM
+            run.notes.append(f"ultralytics ran out of memory in epoch {trainer.epoch} and retried with batch={batch} "
+                             f"(was {run.batch_size}); its rebuilt loader was given the integration again")
+            log.warning("pipeline_opt: %s", run.notes[-1])
+        run.batch_size = batch
         if run.profiler is not None and not run.profiling:
             self._close_profiling(run, restore_loader=True)  # the window is over: unprofiled loader back
         if self.options.retune_epoch is not None and trainer.epoch == self.options.retune_epoch \
@@ -429,6 +439,7 @@ class YoloIntegration:
         if run.batch_end is not None:  # the loop's wait for this batch (and its bookkeeping)
             run.validation.data_wait(time.perf_counter() - run.batch_end)
         if not run.profiling:
+            run.memory.begin()  # the profile window measures its own steps' peaks
             return
         sizes = run.batch_sizes
         n = sizes[run.position] if run.position < len(sizes) else (sizes[-1] if sizes else 1)
@@ -442,6 +453,12 @@ class YoloIntegration:
         run.validation.step_end()
         run.batch_end = time.perf_counter()
         if not run.profiling:
+            if run.memory.active:
+                run.memory.end()
+                peak = run.memory.allocated.pop()  # kept per epoch only: training may run for days
+                run.memory.reserved.pop()
+                epoch = int(getattr(trainer, "epoch", 0) or 0)
+                run.epoch_peaks[epoch] = max(run.epoch_peaks.get(epoch, 0), peak)
             return
         prof = run.profiler
         if self.options.sync and prof.cuda:
@@ -558,8 +575,20 @@ class YoloIntegration:
                                                   "gpu_augment_votes": run.augment_votes,
                                                   "gpu_affine_votes": run.affine_votes},
             "validation": self._validation_summary(run),
+            "memory": self._memory_summary(run),
             "notes": run.notes,
         }
+
+    def _memory_summary(self, run: _Run) -> dict[str, Any]:
+        """The largest CUDA step peak of each epoch (outside the profile window), and the epochs whose
+        peak stands out from the median epoch's (a spike)."""
+        if not run.memory.active:
+            return {"measured": False, "note": run.memory.stats().note}
+        peaks = dict(sorted(run.epoch_peaks.items()))
+        typical = sorted(peaks.values())[len(peaks) // 2] if peaks else 0
+        return {"measured": True, "per_epoch_peak_allocated_bytes": peaks,
+                "device_total_bytes": run.memory.stats().device_total_bytes,
+                "spike_epochs": [e for e, p in peaks.items() if typical and p > SPIKE * typical]}
 
     def _validation_summary(self, run: _Run) -> dict[str, Any]:
         found = self._validation_analysis(run)
