@@ -36,14 +36,16 @@ def _copy_sampler(sampler: Any, generator_map: dict[int, torch.Generator | None]
                              num_samples=sampler._num_samples, generator=_mapped(gen, generator_map))
     if isinstance(sampler, BatchSampler):
         return BatchSampler(_copy_sampler(sampler.sampler, generator_map), sampler.batch_size, sampler.drop_last)
-    if isinstance(gen, torch.Generator):
-        clone = copy.copy(sampler)
-        clone.generator = _mapped(gen, generator_map)
-        return clone
     inner = getattr(sampler, "sampler", None)
-    if inner is not None and getattr(inner, "generator", None) is not None:
+    copied_inner = _copy_sampler(inner, generator_map) if inner is not None else None
+    if isinstance(gen, torch.Generator) or copied_inner is not inner:
+        # a wrapper (e.g. the persistent-epoch sampler) may hold a generator and an inner sampler
+        # with one of its own: both are copied, or iterating the copy would advance the original
         clone = copy.copy(sampler)
-        clone.sampler = _copy_sampler(inner, generator_map)
+        if isinstance(gen, torch.Generator):
+            clone.generator = _mapped(gen, generator_map)
+        if copied_inner is not inner:
+            clone.sampler = copied_inner
         return clone
     return sampler  # stateless (SequentialSampler, DistributedSampler, user samplers)
 

@@ -80,3 +80,16 @@ def test_bad_overrides_name_the_value():
         clone_loader(user, batch_size=3)
     with pytest.raises(TypeError, match="list"):
         clone_loader([1, 2, 3])
+
+
+def test_iterating_a_clone_of_a_persistent_clone_leaves_the_persistent_clones_order_alone():
+    # autotune profiles a clone of the loader it hands back; the copy once shared the inner
+    # RandomSampler's generator with it, so the user's first epoch came out in another order
+    def make():
+        return DataLoader(_dataset(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3))
+
+    expected = [b[1].tolist() for b in make()]
+    persistent = clone_loader(make(), num_workers=2, persistent_workers=True)
+    copy_of_it = clone_loader(persistent)
+    next(iter(copy_of_it))
+    assert [b[1].tolist() for b in persistent] == expected

@@ -44,7 +44,7 @@ from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_p
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
-from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers
+from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers, short_epoch
 from pipeline_opt.tune.exactness import (
     REPLAY_NAME,
     PixelChange,
@@ -234,7 +234,9 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     why = f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
-    search.calibrate(guess, why)
+    guess, persistent_why = persistent_for_short_epochs(guess, budget.batches_per_epoch)
+    search.calibrate(guess, why + persistent_why)
+    _retry_with_persistent_workers(search, guess)
     _tune_gpu_decode(search, nvjpeg_plan, nvjpeg_why)  # the largest win on a decode-bound pipeline
     if shared_slots and probe is not None and probe.bytes >= SLOTS_EARLY_BYTES:
         # what the slots save grows with the bytes received per second: for big batches, try them
@@ -345,6 +347,28 @@ def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: R
     if draft_plan is not None:
         guess, levers = guess.with_(decode="draft"), [*levers, "JPEG draft decoding"]
     return guess, levers
+
+
+def persistent_for_short_epochs(guess: LoaderConfig, batches_per_epoch: int | None) -> tuple[LoaderConfig, str]:
+    """``guess`` with persistent workers when its workers would restart after a few batches each
+    (:func:`~pipeline_opt.tune.candidates.short_epoch`), and the clause that says so; else unchanged."""
+    if guess.persistent_workers or not short_epoch(guess.num_workers, batches_per_epoch):
+        return guess, ""
+    per_worker = -(-batches_per_epoch // guess.num_workers)
+    return guess.with_(persistent_workers=True), (f", persistent since {batches_per_epoch} batches an epoch make "
+                                                  f"at most {per_worker} per worker between restarts")
+
+
+def _retry_with_persistent_workers(search: Search, guess: LoaderConfig) -> None:
+    """Workers that lost to the loader as given may have lost to their start-up at every epoch
+    (which is out of proportion on a machine whose cores are busy): the same workers started once
+    are tried before the search climbs from no workers, where a single worker cannot win."""
+    if search.incumbent.num_workers or not guess.num_workers or guess.persistent_workers:
+        return
+    if search.consider(guess.with_(persistent_workers=True),
+                       f"{guess.label()} lost to the loader as given: the same workers started once (persistent), "
+                       "not at every epoch"):
+        search.tune_workers("num_workers with persistent workers")
 
 
 def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:

@@ -126,6 +126,16 @@ def epoch_workers(workers: int, batches_per_epoch: int | None) -> int:
     return min(workers, math.ceil(batches_per_epoch / rounds))
 
 
+SHORT_EPOCH_ROUNDS = 4  # a worker restarted every epoch after this few batches is mostly start-up
+
+
+def short_epoch(workers: int, batches_per_epoch: int | None) -> bool:
+    """Whether ``workers`` restarted at every epoch would each make at most ``SHORT_EPOCH_ROUNDS``
+    batches before the next restart: their start-up (a process, the dataset, imports) is then a large
+    share of the epoch, and persistent workers, which start once, are the first thing to try."""
+    return workers >= 1 and bool(batches_per_epoch) and batches_per_epoch <= SHORT_EPOCH_ROUNDS * workers
+
+
 def workers_to_keep_up(m: Any, num_workers: int) -> int | None:
     """Little's law from a measured configuration that is still data-bound, else None.
 

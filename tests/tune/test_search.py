@@ -513,7 +513,12 @@ def _tune_decode_bound(main_cpu_s):
 
     import torch
 
-    from pipeline_opt.tune.api import _first_guess, _tune_flags
+    from pipeline_opt.tune.api import (
+        _first_guess,
+        _retry_with_persistent_workers,
+        _tune_flags,
+        persistent_for_short_epochs,
+    )
 
     budget = compute_budget(cpus=16, pin_thread=True, main_cpu_s=main_cpu_s, worker_cpu_s=BATCH_S, pin_cpu_s=0.015,
                             ram_available_bytes=2**37, ram_per_worker_bytes=2**30, batches_per_epoch=EPOCH)
@@ -524,7 +529,9 @@ def _tune_decode_bound(main_cpu_s):
     s.start(base, ev.measure(base, 0, 0))
     report = SimpleNamespace(batch_cpu_s=BATCH_S, compute_time_s=STEP_S, step_time_s=0.6, data_wait_frac=0.94)
     guess = _first_guess(report, None, budget, STEP_S)
-    s.calibrate(base.with_(num_workers=guess), "Little's law first guess")
+    first, why = persistent_for_short_epochs(base.with_(num_workers=guess), budget.batches_per_epoch)
+    s.calibrate(first, "Little's law first guess" + why)
+    _retry_with_persistent_workers(s, first)
     s.tune_workers()
     _tune_flags(s, None, torch.device("cuda"), shared_slots=False)
     s.confirm()
@@ -560,3 +567,35 @@ def test_worker_moves_follow_littles_law_and_whole_epoch_rounds():
     not_bound = Measurement(windows=(3600.0,), steps_per_window=4, batch_size=128, startup_s=0, elapsed_s=1,
                             compute_s=0.035)
     assert workers_to_keep_up(not_bound, 4) is None
+
+
+def test_a_short_epochs_first_guess_is_persistent_and_says_why():
+    from pipeline_opt.tune.api import persistent_for_short_epochs
+
+    guess, why = persistent_for_short_epochs(LoaderConfig(8), 16)
+    assert guess == LoaderConfig(8, persistent_workers=True) and "16 batches an epoch" in why and "at most 2" in why
+    assert persistent_for_short_epochs(LoaderConfig(8), 1000) == (LoaderConfig(8), "")  # 125 batches a worker
+    assert persistent_for_short_epochs(LoaderConfig(8), None) == (LoaderConfig(8), "")  # no length: unknown
+    assert persistent_for_short_epochs(LoaderConfig(0), 4) == (LoaderConfig(0), "")
+
+
+def test_workers_that_lose_to_their_restarts_are_tried_persistent_before_the_climb_from_none():
+    # a long epoch, but every worker start costs 30 s (a slow dataset init on busy cores): the first
+    # guess, restarted each epoch, is slower than no workers; the same workers started once are 4x
+    from pipeline_opt.tune.api import _retry_with_persistent_workers
+
+    def rate(cfg):
+        if cfg.num_workers == 0:
+            return 100.0
+        return 400.0 if cfg.persistent_workers else 60.0
+
+    s, ev = _search(rate)
+    base = LoaderConfig(0)
+    s.start(base, ev.measure(base, 0, 0))
+    guess = LoaderConfig(8)
+    s.calibrate(guess, "Little's law first guess")
+    assert s.incumbent == base
+    _retry_with_persistent_workers(s, guess)
+    assert s.incumbent.persistent_workers and s.incumbent.num_workers >= 1
+    kept = [t for t in s.trials if t.accepted and t.config["persistent_workers"]]
+    assert kept and "started once (persistent)" in kept[0].reason
