@@ -586,7 +586,20 @@ def test_classification_training_pipeline_grid_replays_on_the_device_and_drops_d
 
     train = replace(QUICK, pipeline="train")
     decodes = {p.decode for p in grid_points(train, cores=2)}
-    assert decodes == {"replay", "pil"}
-    assert all(p.offload for p in grid_points(train, cores=2) if p.decode == "replay")
+    assert decodes == {"replay", "replay-thread", "pil"}
+    assert all(p.offload for p in grid_points(train, cores=2) if p.decode.startswith("replay"))
+    assert all(p.pin for p in grid_points(train, cores=2) if p.decode.endswith("-thread"))
     assert type(cpu_compose(32, "train").transforms[0]).__name__ == "RandomResizedCrop"
-    assert {p.decode for p in grid_points(QUICK, cores=2)} == {"nvjpeg", "draft", "pil"}
+    assert {p.decode for p in grid_points(QUICK, cores=2)} == {"nvjpeg", "nvjpeg-thread", "draft", "pil"}
+
+
+def test_classification_grid_point_decoding_in_a_thread_builds_a_threaded_loader(tmp_path):
+    from benchmarks.bench_classification import QUICK, Point, build_source
+    from pipeline_opt.datasets import make_image_folder
+
+    root = make_image_folder(n_images=16, size=(64, 48), num_classes=2, root=tmp_path / "imgs")
+    for decode in ("nvjpeg-thread", "nvjpeg"):
+        source = build_source(root, QUICK, Point(1, False, True, decode), torch.device("cpu"))
+        assert source.prepare_in_thread == decode.endswith("-thread")
+        images, labels = next(iter(source))
+        assert images.shape == (QUICK.batch, 3, QUICK.crop, QUICK.crop) and images.dtype == torch.float32

@@ -8,6 +8,8 @@
   page-locked buffers.
 * :mod:`~pipeline_opt.loading.shared_slots` — workers write batches into reused, page-locked
   shared-memory slots.
+* :mod:`~pipeline_opt.loading.prepare_thread` — ``DeviceLoader(prepare_in_thread=True)``: batches
+  taken and prepared (a blocking nvJPEG decode) in a background thread, overlapping the step.
 """
 
 from pipeline_opt.loading.decode import (

@@ -335,12 +335,15 @@ class GpuJpegDecoder:
                 f"normalize={self.normalize is not None}, device={self.device})")
 
 
-def gpu_jpeg_loader(dataset: Any, decoder: GpuJpegDecoder, **loader_kwargs: Any) -> Any:
+def gpu_jpeg_loader(dataset: Any, decoder: GpuJpegDecoder, *, prepare_in_thread: bool = False,
+                    **loader_kwargs: Any) -> Any:
     """A ``DeviceLoader`` over the encoded files of ``dataset`` (an ``ImageFolder``), decoded by ``decoder``.
 
     ``loader_kwargs`` go to ``torch.utils.data.DataLoader`` (``batch_size``, ``num_workers``,
     ``shuffle``...); ``collate_fn`` is :func:`packed_jpeg_collate` and ``pin_memory`` defaults to
-    whether the decoder's device is CUDA.
+    whether the decoder's device is CUDA. ``prepare_in_thread=True`` decodes in a background thread
+    (``DeviceLoader(prepare_in_thread=True)``): nvJPEG blocks its caller until a batch is decoded,
+    so the training step then runs while the next batch decodes.
     """
     from pipeline_opt.loading.device_loader import DeviceLoader
 
@@ -349,5 +352,5 @@ def gpu_jpeg_loader(dataset: Any, decoder: GpuJpegDecoder, **loader_kwargs: Any)
     loader_kwargs.setdefault("pin_memory", decoder.device.type == "cuda")
     encoded = dataset if isinstance(dataset, EncodedJpegDataset) else EncodedJpegDataset.from_image_folder(dataset)
     loader = torch.utils.data.DataLoader(encoded, collate_fn=packed_jpeg_collate, **loader_kwargs)
-    return DeviceLoader(loader, device=decoder.device, batch_transform=decoder)
+    return DeviceLoader(loader, device=decoder.device, batch_transform=decoder, prepare_in_thread=prepare_in_thread)
 

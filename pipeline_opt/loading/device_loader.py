@@ -18,6 +18,10 @@ hands its memory to the side stream while the step still reads it. The side stre
 for the consumer's stream before each submission (transform parameters made there are ready).
 On CPU it is a plain pass-through that applies the same transforms.
 
+With ``prepare_in_thread=True`` a background thread takes the batches and prepares them
+(:mod:`pipeline_opt.loading.prepare_thread`): a ``batch_transform`` that blocks its caller until it
+is done (torchvision's nvJPEG decode does) then runs while the training step does.
+
 With ``reuse_buffers=True`` the loader's workers deliver image tensors through shared-memory slots
 they reuse (:mod:`pipeline_opt.loading.shared_slots`): the training process maps and page-locks each slot
 once instead of mapping, faulting in and pin-copying a fresh segment per batch. A slot is handed
@@ -86,6 +90,11 @@ class DeviceLoader:
         batch_transform: callable on the whole batch as the loader yields it, before the copy (host
             tensors, on the side stream); tensors it returns already on ``device`` are not copied
             again. For decoders that read host data, e.g. ``GpuJpegDecoder``.
+        prepare_in_thread: take each batch from ``loader`` and prepare it (``batch_transform``, copy,
+            ``transform``) in a background thread instead of the training loop's
+            (:class:`~pipeline_opt.loading.prepare_thread.PreparingThread`). For a ``batch_transform``
+            that blocks its caller until done, such as nvJPEG decoding, the step of one batch then
+            runs while the next is decoded. Not with ``reuse_buffers``.
         reuse_buffers: deliver the image tensors through reused shared-memory slots
             (:func:`pipeline_opt.loading.shared_slots.slot_loader`). ``loader`` must be a DataLoader; unless
             it was made by ``slot_loader`` already, a clone of it (``pin_memory=False``: the slots are
@@ -111,7 +120,8 @@ class DeviceLoader:
 
     def __init__(self, loader: Iterable, device: torch.device | str | None = None,
                  transform: Callable[[torch.Tensor], torch.Tensor] | None = None, non_blocking: bool = True,
-                 batch_transform: Callable[[Any], Any] | None = None, reuse_buffers: bool = False) -> None:
+                 batch_transform: Callable[[Any], Any] | None = None, reuse_buffers: bool = False,
+                 prepare_in_thread: bool = False) -> None:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}")
         if isinstance(loader, Iterator):
@@ -119,7 +129,11 @@ class DeviceLoader:
         for name, fn in (("transform", transform), ("batch_transform", batch_transform)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}={fn!r} must be a callable or None")
+        if prepare_in_thread and reuse_buffers:
+            raise ValueError("prepare_in_thread=True and reuse_buffers=True cannot be combined: the shared "
+                             "slots have a receiving thread of their own; choose one")
         self.loader = loader
+        self.prepare_in_thread = bool(prepare_in_thread)
         self.device = resolve_device(device)
         self.transform = transform
         self.non_blocking = bool(non_blocking)
@@ -186,8 +200,9 @@ class DeviceLoader:
         return getattr(self.__dict__["loader"], name)
 
     def __repr__(self) -> str:
+        thread = ", prepare_in_thread=True" if self.prepare_in_thread else ""
         return (f"DeviceLoader(device={self.device}, transform={self.transform!r}, "
-                f"batch_transform={self.batch_transform!r}, loader={type(self.loader).__name__})")
+                f"batch_transform={self.batch_transform!r}{thread}, loader={type(self.loader).__name__})")
 
     def prepare(self, batch: Any) -> Any:
         """``batch_transform``, copy to the device, ``transform`` — on the current stream."""
@@ -199,9 +214,28 @@ class DeviceLoader:
         return batch
 
     def __iter__(self) -> Iterator[Any]:
+        if self.prepare_in_thread:
+            return self._iter_threaded()
         if self.device.type == "cuda":
             return self._iter_cuda()
         return self._iter_plain()
+
+    def _iter_threaded(self) -> Iterator[Any]:
+        from pipeline_opt.loading.prepare_thread import PreparingThread
+
+        it = iter(self.loader)
+        preparing = PreparingThread(it, self.prepare, self.device)
+        try:
+            for batch, event in preparing:
+                if event is not None:
+                    consumer = torch.cuda.current_stream(self.device)
+                    consumer.wait_event(event)
+                    _record_stream(batch, consumer)
+                yield batch
+                del batch
+        finally:
+            preparing.close()
+            del it
 
     def _iter_plain(self) -> Iterator[Any]:
         receiver = self._receiver

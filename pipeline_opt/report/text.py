@@ -209,7 +209,8 @@ def _ops_grid(ops: Sequence[Mapping[str, Any]]) -> str:
 
 # The tuner's own knobs as a loader runs before any tuning (what its loader_config does not list):
 # a config holding these values changed nothing.
-_AS_GIVEN: dict[str, Any] = {"gpu_transforms": [], "decode": "pil", "draft_decode": False, "shared_slots": False}
+_AS_GIVEN: dict[str, Any] = {"gpu_transforms": [], "decode": "pil", "draft_decode": False, "shared_slots": False,
+                              "decode_thread": False}
 
 
 def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None = None,

@@ -89,15 +89,17 @@ class RandomGpuPlan:
 
         return RandomGpuPipeline(self.sampler(), device=device, then=then)
 
-    def build(self, loader: Any, device: torch.device | str, overrides: dict[str, Any] | None = None) -> Any:
+    def build(self, loader: Any, device: torch.device | str, overrides: dict[str, Any] | None = None, *,
+              prepare_in_thread: bool = False) -> Any:
         """A ``DeviceLoader`` replaying on ``device`` around a clone of ``loader`` with ``overrides``
-        (num_workers, pin_memory, persistent_workers, prefetch_factor...)."""
+        (num_workers, pin_memory, persistent_workers, prefetch_factor...); ``prepare_in_thread``
+        decodes and replays in a background thread (``DeviceLoader(prepare_in_thread=True)``)."""
         from pipeline_opt.loader_clone import clone_loader
         from pipeline_opt.loading.device_loader import DeviceLoader
 
         stage = self.gpu_stage(device)
         clone = clone_loader(loader, dataset=self.dataset(), collate_fn=replay_collate, **(overrides or {}))
-        return DeviceLoader(clone, device=stage.device, batch_transform=stage)
+        return DeviceLoader(clone, device=stage.device, batch_transform=stage, prepare_in_thread=prepare_in_thread)
 
     def measure_error(self, device: torch.device | str = "cpu", n: int = 16, seed: int = 0) -> Any:
         """The measured-error hook: :func:`~.replay_parity.measure_replay_error` on ``n`` of the

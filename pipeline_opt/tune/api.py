@@ -382,6 +382,9 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
     what = REPLAY_NAME if isinstance(plan, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
     if search.try_change(what, decode="nvjpeg", gpu_transforms=(),
                          num_workers=workers, pin_memory=True):
+        # torchvision's nvJPEG call returns only once the batch is decoded: from the training loop it
+        # waits between two steps; from a thread of its own it runs while the step does
+        search.try_change("GPU decoding in a background thread, overlapping the step", decode_thread=True)
         search.tune_workers("num_workers after GPU decoding")
 
 

@@ -48,7 +48,7 @@ class CandidateBuilder:
             user = float(self.loader.timeout or 0)
             overrides["timeout"] = self.trial_timeout_s if user <= 0 else min(user, self.trial_timeout_s)
         if cfg.decode == "nvjpeg":
-            return self.nvjpeg.build(self.loader, self.device, overrides)
+            return self.nvjpeg.build(self.loader, self.device, overrides, prepare_in_thread=cfg.decode_thread)
         if gpu is not None or draft is not None:
             overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         if cfg.shared_slots:

@@ -25,6 +25,7 @@ class LoaderConfig:
     gpu_transforms: tuple[str, ...] = ()  # names of the transforms moved to the device loader
     decode: str = "pil"  # pil (the dataset's own loader) | draft (JPEG DCT scaling) | nvjpeg (on the GPU)
     shared_slots: bool = False  # image tensors through reused, page-locked shared-memory slots
+    decode_thread: bool = False  # GPU decoding in a background thread (DeviceLoader(prepare_in_thread=True))
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -37,6 +38,8 @@ class LoaderConfig:
             object.__setattr__(self, "shared_slots", False)
         elif self.prefetch_factor is None:
             object.__setattr__(self, "prefetch_factor", 2)
+        if self.decode != "nvjpeg":  # only a GPU decode blocks the loop it is called from
+            object.__setattr__(self, "decode_thread", False)
         if self.shared_slots:  # the slots are page-locked by registration: pinned, without a pinning copy
             object.__setattr__(self, "pin_memory", True)
 
@@ -55,7 +58,8 @@ class LoaderConfig:
                    persistent_workers=config["persistent_workers"], prefetch_factor=config["prefetch_factor"],
                    gpu_transforms=tuple(config.get("gpu_transforms") or ()),
                    decode=config.get("decode") or ("draft" if config.get("draft_decode") else "pil"),
-                   shared_slots=bool(config.get("shared_slots", False)))
+                   shared_slots=bool(config.get("shared_slots", False)),
+                   decode_thread=bool(config.get("decode_thread", False)))
 
     @classmethod
     def of(cls, loader: DataLoader) -> LoaderConfig:
@@ -80,7 +84,8 @@ class LoaderConfig:
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
                 "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor,
                 "gpu_transforms": list(self.gpu_transforms), "decode": self.decode,
-                "draft_decode": self.draft_decode, "shared_slots": self.shared_slots}
+                "draft_decode": self.draft_decode, "shared_slots": self.shared_slots,
+                "decode_thread": self.decode_thread}
 
     def label(self) -> str:
         parts = [f"workers={self.num_workers}"]
@@ -95,7 +100,7 @@ class LoaderConfig:
         if self.gpu_transforms:
             parts.append("gpu:" + "+".join(self.gpu_transforms))
         if self.decode != "pil":
-            parts.append(self.decode)
+            parts.append(f"{self.decode}-in-thread" if self.decode_thread else self.decode)
         return " ".join(parts)
 
 

@@ -33,8 +33,10 @@ class NvjpegDecode:
     std: tuple[float, ...] | None
     samples: tuple[tuple[str, Any], ...]
 
-    def build(self, loader: DataLoader, device: torch.device, overrides: dict[str, Any]) -> Any:
-        """A DeviceLoader decoding on ``device`` around a clone of ``loader`` with ``overrides``."""
+    def build(self, loader: DataLoader, device: torch.device, overrides: dict[str, Any], *,
+              prepare_in_thread: bool = False) -> Any:
+        """A DeviceLoader decoding on ``device`` (in a background thread with ``prepare_in_thread``)
+        around a clone of ``loader`` with ``overrides``."""
         from pipeline_opt.loader_clone import clone_loader
         from pipeline_opt.loading import DeviceLoader
         from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
@@ -42,7 +44,7 @@ class NvjpegDecode:
         decoder = GpuJpegDecoder(self.size, mean=self.mean, std=self.std, crop=self.crop, device=device)
         clone = clone_loader(loader, dataset=EncodedJpegDataset(self.samples), collate_fn=packed_jpeg_collate,
                              **overrides)
-        return DeviceLoader(clone, device=device, batch_transform=decoder)
+        return DeviceLoader(clone, device=device, batch_transform=decoder, prepare_in_thread=prepare_in_thread)
 
 
 def _steps(transform: Any) -> list[Any] | None:

@@ -96,6 +96,8 @@ class TuneResult:
             out["decode"] = ("JPEG decoding on the GPU (nvJPEG): `pipeline_opt.transforms.gpu_jpeg_loader(dataset, "
                              "pipeline_opt.transforms.GpuJpegDecoder(size, mean=..., std=..., crop=...), "
                              "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
+            if cfg.get("decode_thread"):
+                out["decode"] += ", and `prepare_in_thread=True` (decoding in a background thread)"
         if cfg.get("shared_slots"):
             out["shared_slots"] = ("image tensors through reused page-locked slots: `loader = "
                                    "pipeline_opt.loading.shared_slots.slot_loader(loader)`, iterated through "

@@ -57,6 +57,22 @@ def test_plan_with_shorter_side_and_center_crop(folder):
     assert images.shape == (4, 3, 32, 32) and (images - want).abs().mean() < 2 / 255
 
 
+def test_decoding_in_a_thread_is_a_config_of_its_own_with_the_same_batches(folder):
+    compose = T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = _loader(folder, compose)
+    plan, _ = plan_nvjpeg_decode(loader)
+    builder = CandidateBuilder(loader, torch.device("cpu"), nvjpeg=plan)
+    threaded_cfg = LoaderConfig(2, decode="nvjpeg", decode_thread=True)
+    assert threaded_cfg.label().endswith("nvjpeg-in-thread") and threaded_cfg != LoaderConfig(2, decode="nvjpeg")
+    assert LoaderConfig.from_dict(threaded_cfg.to_dict()) == threaded_cfg
+    assert not LoaderConfig(2, decode="pil", decode_thread=True).decode_thread  # only a GPU decode blocks
+    threaded = builder.build(threaded_cfg, trial=False)
+    assert threaded.prepare_in_thread
+    plain = builder.build(LoaderConfig(2, decode="nvjpeg"), trial=False)
+    for (a, la), (b, lb) in zip(threaded, plain, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
 @pytest.mark.parametrize("transform, words", [
     (T.Compose([T.RandomResizedCrop(32), T.ToTensor()]), "not a Resize"),
     (T.Compose([T.Resize(32), T.ToTensor()]), "differ in size"),
@@ -94,3 +110,14 @@ def test_on_cuda_the_candidate_decodes_on_the_device(folder):
     images, labels = next(iter(CandidateBuilder(loader, dev, nvjpeg=plan).build(LoaderConfig(2, decode="nvjpeg"))))
     want, _ = next(iter(loader))
     assert images.is_cuda and ((images.cpu() - want) * torch.tensor(STD).view(1, 3, 1, 1)).abs().mean() < 4 / 255
+
+
+@pytest.mark.cuda
+def test_on_cuda_decoding_in_a_thread_gives_the_same_images(folder):
+    compose = T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = _loader(folder, compose)
+    plan, _ = plan_nvjpeg_decode(loader)
+    builder = CandidateBuilder(loader, torch.device("cuda"), nvjpeg=plan)
+    plain = [x.cpu() for x, _ in builder.build(LoaderConfig(2, decode="nvjpeg"))]
+    threaded = [x.cpu() for x, _ in builder.build(LoaderConfig(2, decode="nvjpeg", decode_thread=True))]
+    assert len(plain) == len(threaded) and all(torch.equal(a, b) for a, b in zip(plain, threaded))
