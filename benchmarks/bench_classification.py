@@ -398,9 +398,12 @@ def thread_comparison(rows: list[H.Row], noise: float) -> dict[str, Any] | None:
         return None
     base = threaded.name.rsplit("decode=", 1)[1].removesuffix(THREAD)
     plain = max((r for r in ok if r.name.endswith(f"decode={base}")), key=lambda r: r.median, default=None)
+    from pipeline_opt.tune.ab import judge
+
     ratio = H.ratio(threaded, plain)
+    j = None if ratio is None else judge(threaded.median, plain.median, noise)
     return {"threaded": threaded.name, "plain": None if plain is None else plain.name, "ratio": ratio,
-            "beyond_noise": None if ratio is None else abs(ratio - 1.0) > max(noise, 0.03)}
+            "verdict": None if j is None else j.sentence, "wins_beyond_noise": None if j is None else j.accepted}
 
 
 def _meets(value: float | None, threshold: float) -> bool | None:

@@ -178,20 +178,24 @@ def profile_rows(sizes: Sizes, trainer: Trainer, loader: Any, device: torch.devi
     traced: dict[str, int] = {}
     sample_s: dict[str, float] = {}
     errors: dict[str, str] = {}
-    for r in range(sizes.profile_rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            if deadline.expired() or name in errors:
-                continue
-            try:
-                report = profile(loader(), trainer.model, step_fn=trainer.step_fn, steps=sizes.profile_steps,
-                                 device=device, limit=False, **PROFILE_VARIANTS[name])
-                values[name].append(report.throughput)
-                traced[name] = report.traced_steps
-                if report.batch_cpu_s and report.batch_size:
-                    sample_s[name] = report.batch_cpu_s / report.batch_size
-            except Exception as exc:
-                H.log.exception("po.profile failed")
-                errors[name] = f"{type(exc).__name__}: {exc}"
+    from pipeline_opt.tune.ab import interleave
+
+    def measure(name: str) -> None:
+        if deadline.expired():
+            return
+        report = profile(loader(), trainer.model, step_fn=trainer.step_fn, steps=sizes.profile_steps,
+                         device=device, limit=False, **PROFILE_VARIANTS[name])
+        values[name].append(report.throughput)
+        traced[name] = report.traced_steps
+        if report.batch_cpu_s and report.batch_size:
+            sample_s[name] = report.batch_cpu_s / report.batch_size
+
+    def failed(name: str, exc: Exception) -> bool:
+        H.log.exception("po.profile failed")
+        errors[name] = f"{type(exc).__name__}: {exc}"
+        return True
+
+    interleave(names, sizes.profile_rounds, measure, stop=deadline.expired, on_error=failed)
     rows = []
     for name in names:
         meta = {**PROFILE_VARIANTS[name], "steps": sizes.profile_steps, "traced_steps": traced.get(name),

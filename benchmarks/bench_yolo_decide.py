@@ -104,8 +104,8 @@ def replay(decisions: list[dict[str, Any]], per_trial: int, merge: int, keep: in
     that still leaves ``keep`` merged windows per trial: a longer warm-up against the current one
     (skip 0), on the same trials."""
     from pipeline_opt.integrations.ultralytics._decide import _verdict
+    from pipeline_opt.tune.ab import MIN_GAIN
     from pipeline_opt.tune.measure import Measurement
-    from pipeline_opt.tune.search import MIN_GAIN
 
     out = []
     for skip in range(0, per_trial - merge * keep + 1):
@@ -153,27 +153,28 @@ def run(args: Any) -> Path:
     config = {**asdict(sizes), "device": str(device), "steps": steps, "repeats": args.repeats,
               "windows": args.windows, "merge": args.merge}
     path = None
+    from pipeline_opt.tune.ab import interleave
+
+    def decide(s: int) -> None:
+        nonlocal path
+        r = sum(x["steps"] == s for x in decisions)
+        t0 = time.perf_counter()
+        d = decide_gpu_augment(pipe.loader, pipe.model, pipe.step_fn, pipe.device, pipe.switch, steps=s,
+                               windows=args.windows, seed=args.seed,
+                               time_budget_s=60.0 * max(1.0, args.windows / 3))  # its default, per 3 windows
+        decisions.append({"steps": s, "repeat": r, "wall_s": round(time.perf_counter() - t0, 2), **d.to_dict()})
+        kept = {str(k): [sum(x["applied"] for x in decisions if x["steps"] == k),
+                         sum(x["steps"] == k for x in decisions)] for k in steps}  # kept, decided
+        summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(), "decisions": decisions,
+                   "kept": kept, "settle": settle_summary(decisions, args.windows, args.merge)}
+        path = H.write_result(args.out, NAME, rows_of(decisions, steps), config=config, summary=summary,
+                              started=started, ledger={"model": "yolo11n", "batch": sizes.batch,
+                                                       "resolution": sizes.imgsz, "ddp": False, "amp": bench.amp})
+        print(f"steps={s} repeat {r}: {'kept' if d.applied else 'not used'} ({kept[str(s)][0]}/{kept[str(s)][1]}), "
+              f"gain {d.gain:+.1%}, noise ±{d.noise:.1%}, {decisions[-1]['wall_s']} s", flush=True)
+
     try:
-        for r in range(args.repeats):
-            for s in steps if r % 2 == 0 else steps[::-1]:
-                if deadline.left() <= 0:
-                    break
-                t0 = time.perf_counter()
-                d = decide_gpu_augment(pipe.loader, pipe.model, pipe.step_fn, pipe.device, pipe.switch, steps=s,
-                                       windows=args.windows, seed=args.seed,
-                                       time_budget_s=60.0 * max(1.0, args.windows / 3))  # its default, per 3 windows
-                decisions.append({"steps": s, "repeat": r, "wall_s": round(time.perf_counter() - t0, 2),
-                                  **d.to_dict()})
-                kept = {str(k): [sum(x["applied"] for x in decisions if x["steps"] == k),
-                                 sum(x["steps"] == k for x in decisions)] for k in steps}  # kept, decided
-                summary = {"dataset_generation_s": gen_s, "cores": H.usable_cores(), "decisions": decisions,
-                           "kept": kept, "settle": settle_summary(decisions, args.windows, args.merge)}
-                path = H.write_result(args.out, NAME, rows_of(decisions, steps), config=config, summary=summary,
-                                      started=started, ledger={"model": "yolo11n", "batch": sizes.batch,
-                                                               "resolution": sizes.imgsz, "ddp": False,
-                                                               "amp": bench.amp})
-                print(f"steps={s} repeat {r}: {'kept' if d.applied else 'not used'} ({kept[str(s)][0]}/{kept[str(s)][1]}), "
-                      f"gain {d.gain:+.1%}, noise ±{d.noise:.1%}, {decisions[-1]['wall_s']} s", flush=True)
+        interleave(steps, args.repeats, decide, stop=lambda: deadline.left() <= 0)  # the order alternates
     finally:
         pipe.close()
     if path is None:

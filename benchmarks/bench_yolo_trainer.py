@@ -52,6 +52,8 @@ if __package__ in (None, ""):  # `python benchmarks/bench_yolo_trainer.py`
 import torch  # noqa: E402
 
 from benchmarks import harness as H  # noqa: E402
+from pipeline_opt.tune.ab import interleave as ab_interleave  # noqa: E402
+from pipeline_opt.tune.ab import judge  # noqa: E402
 
 NAME = "bench_yolo_trainer"
 
@@ -209,19 +211,24 @@ def run(args: Any) -> Path:
     H.log.info("dataset ready in %.1f s: %s", gen_s, data)
     names = selected_rows(args.rows)
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    order_log: list[list[str]] = []
+    flat: list[str] = []
+
+    def out_of_time() -> bool:  # asked between runs; a round, once begun, is finished
+        if len(flat) % len(names) == 0 and time.monotonic() - started > sizes.budget_s:
+            H.log.info("budget of %.0f s reached after %d round(s)", sizes.budget_s, len(flat) // len(names))
+            return True
+        return False
+
     with tempfile.TemporaryDirectory(prefix="po-yolo-trainer-") as tmp:
-        for r in range(sizes.rounds):
-            if r and time.monotonic() - started > sizes.budget_s:
-                H.log.info("budget of %.0f s reached after %d round(s)", sizes.budget_s, r)
-                break
-            order = names if r % 2 == 0 else names[::-1]
-            order_log.append(order)
-            for name in order:
-                work = Path(tmp) / f"r{r}-{names.index(name)}"
-                out = run_one(args, sizes, data, name, work)
-                H.log.info("round %d %s: %s", r, name, {k: v for k, v in out.items() if k != "train_loader"})
-                results[name].append(out)
+        def measure(name: str) -> None:
+            r = len(flat) // len(names)
+            out = run_one(args, sizes, data, name, Path(tmp) / f"r{r}-{names.index(name)}")
+            H.log.info("round %d %s: %s", r, name, {k: v for k, v in out.items() if k != "train_loader"})
+            results[name].append(out)
+            flat.append(name)
+
+        ab_interleave(names, sizes.rounds, measure, stop=out_of_time)
+    order_log = [flat[i:i + len(names)] for i in range(0, len(flat), len(names))]
     rows = []
     for name in names:
         ok = [o for o in results[name] if "throughput" in o]
@@ -255,6 +262,7 @@ def run(args: Any) -> Path:
         # a verdict needs repeated runs: one run per row has no spread to compare with
         "slots_gain_beyond_spread": None if slots_vs_gpu is None or spread is None or not repeated
         else abs(slots_vs_gpu - 1.0) > spread,
+        "feature_verdicts": feature_verdicts(by, spread if repeated else None),
         "caveats": caveats(results) + limit_caveats(vs_limit, spread, repeated),
         "orders": order_log,
         "dataset_generation_s": gen_s,
@@ -324,6 +332,30 @@ def expected_moves(options: dict[str, Any]) -> set[str]:
     if options.get("device_layout", True):
         moved.add(LAYOUT_STAGE)
     return moved
+
+
+FEATURES = {  # feature -> (the row with it, the same row without it)
+    "shared slots": (SLOTS_ROW, GPU_ROW),
+    "channel-last hand-over": (SLOTS_ROW, CHANNEL_FIRST_ROW),
+    "Mosaic window": (WARP_ROW, WARP_FULL_CANVAS_ROW),
+    "SharedImageCollate": (GPU_ROW, GPU_COPY_ROW),
+}
+
+
+def feature_verdicts(by: dict[str, Any], noise: float | None) -> dict[str, str]:
+    """Each worker feature against the same row without it, in the tuner's words
+    (:func:`pipeline_opt.tune.ab.judge` with the rows' largest spread as the noise): the evidence
+    for keeping or removing it. Without repeated runs there is no noise to judge against."""
+    out = {}
+    for feature, (with_row, without_row) in FEATURES.items():
+        a, b = by.get(with_row), by.get(without_row)
+        if a is None or b is None or a.status != "ok" or b.status != "ok":
+            continue
+        if noise is None:
+            out[feature] = f"{a.median / b.median:.2f}x with one run per row: no verdict"
+        else:
+            out[feature] = f"{a.median / b.median:.2f}x: {judge(a.median, b.median, noise).sentence}"
+    return out
 
 
 def limit_caveats(vs_limit: dict[str, float | None], spread: float | None, repeated: bool) -> list[str]:

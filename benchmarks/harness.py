@@ -588,7 +588,8 @@ def settle(max_s: float | None = None, busy_cores: float = SETTLE_BUSY_CORES, in
 def interleave(candidates: Sequence[Candidate], rounds: int, device: torch.device | str | None,
                deadline: Deadline | None = None, close: bool = True, settle_s: float | None = None,
                **window_kw: Any) -> dict[str, Measured]:
-    """Measure ``candidates`` in ``rounds`` rounds, alternating the order each round.
+    """Measure ``candidates`` in ``rounds`` rounds, alternating the order each round
+    (:func:`pipeline_opt.tune.ab.interleave`, the library's one A/B primitive).
 
     Before every window the machine is let :func:`settle` (at most ``settle_s``, default
     ``SETTLE_MAX_S``; 0: no wait).
@@ -597,32 +598,37 @@ def interleave(candidates: Sequence[Candidate], rounds: int, device: torch.devic
     The first round always runs (every candidate gets a window); later rounds stop early, keeping
     what was measured, once ``deadline`` has expired.
     """
+    from pipeline_opt.tune.ab import interleave as ab_interleave
+
     results = {c.name: Measured() for c in candidates}
     settle_s = SETTLE_MAX_S if settle_s is None else settle_s
+    rounds_seen = [0]
+
+    def measure(cand: Candidate) -> None:
+        if settle_s > 0:
+            cand.settled_s.append(settle(settle_s))
+        w = cand.window(device, **window_kw)
+        results[cand.name].windows.append(w)
+        if cand.fresh:
+            cand.close()
+        rounds_seen[0] = len(results[cand.name].windows)
+        log.info("round %d  %-40s %9.1f img/s  (wait %.0f%%)", rounds_seen[0], cand.name, w.throughput,
+                 100 * w.data_wait_s / max(w.seconds, 1e-9))
+
+    def failed(cand: Candidate, exc: Exception) -> bool:  # a failing configuration must not stop the others
+        log.exception("%s failed", cand.name)
+        results[cand.name].error = f"{type(exc).__name__}: {exc}"
+        cand.close()
+        return True
+
+    def out_of_time() -> bool:
+        if deadline is not None and deadline.expired():
+            log.warning("time budget reached after round %d; keeping what was measured", rounds_seen[0])
+            return True
+        return False
+
     try:
-        for r in range(rounds):
-            order = list(candidates) if r % 2 == 0 else list(reversed(candidates))
-            for cand in order:
-                m = results[cand.name]
-                if m.error is not None:
-                    continue
-                if deadline is not None and r > 0 and deadline.expired():
-                    log.warning("time budget reached in round %d; keeping what was measured", r + 1)
-                    return results
-                if settle_s > 0:
-                    cand.settled_s.append(settle(settle_s))
-                try:
-                    w = cand.window(device, **window_kw)
-                except Exception as exc:  # a failing configuration must not stop the others
-                    log.exception("%s failed", cand.name)
-                    m.error = f"{type(exc).__name__}: {exc}"
-                    cand.close()
-                    continue
-                m.windows.append(w)
-                if cand.fresh:
-                    cand.close()
-                log.info("round %d  %-40s %9.1f img/s  (wait %.0f%%)", r + 1, cand.name, w.throughput,
-                         100 * w.data_wait_s / max(w.seconds, 1e-9))
+        ab_interleave(list(candidates), rounds, measure, stop=out_of_time, on_error=failed)
     finally:
         if close:
             for cand in candidates:

@@ -133,18 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not variants:
         raise SystemExit(f"--variants {args.variants!r}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     from benchmarks import harness as H
+    from pipeline_opt.tune.ab import interleave
 
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for r in range(args.runs):
-        for v in variants if r % 2 == 0 else variants[::-1]:  # alternate the order between rounds
-            out = subprocess.run([sys.executable, "-m", "benchmarks.yolo_worker_stages", "--out", str(args.out),
-                                  "--samples", str(args.samples), "--images", str(args.images), "--child", v,
-                                  "--loader-batches", str(args.loader_batches),
-                                  "--loader-warmup", str(args.loader_warmup), "--workers", str(args.workers)],
-                                 capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-            if out.returncode:
-                raise SystemExit(f"variant {v!r} failed (exit status {out.returncode}):\n{out.stderr[-3000:]}")
-            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    def measure(v: str) -> dict[str, float]:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.yolo_worker_stages", "--out", str(args.out),
+                              "--samples", str(args.samples), "--images", str(args.images), "--child", v,
+                              "--loader-batches", str(args.loader_batches),
+                              "--loader-warmup", str(args.loader_warmup), "--workers", str(args.workers)],
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        if out.returncode:
+            raise SystemExit(f"variant {v!r} failed (exit status {out.returncode}):\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    runs, _ = interleave(variants, args.runs, measure)  # the order alternates between rounds
     stages = sorted({k for rs in runs.values() for run in rs for k in run},
                     key=lambda k: (k != "loader_img_s", k != "getitem", k))
     medians = {v: {k: statistics.median(run.get(k, 0.0) for run in rs) for k in stages} for v, rs in runs.items()}

@@ -42,6 +42,7 @@ from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.report.text import trial_spread
 from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.tune import timing
+from pipeline_opt.tune.ab import MIN_GAIN
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers, short_epoch
@@ -59,7 +60,7 @@ from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
 from pipeline_opt.tune.measure import Measurement
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
 from pipeline_opt.tune.result import Trial, TuneResult
-from pipeline_opt.tune.search import MIN_GAIN, BaselineFailed, Search
+from pipeline_opt.tune.search import BaselineFailed, Search
 from pipeline_opt.tune.trial import TrialRunner
 
 log = get_logger("tune")

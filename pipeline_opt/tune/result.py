@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_opt.profile.report import ProfileReport, _plain
-from pipeline_opt.tune.exactness import PixelChange
+from pipeline_opt.tune.exactness import REPLAY_NAME, PixelChange
 
 DATALOADER_ARGS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -92,12 +92,16 @@ class TuneResult:
         if decode == "draft":
             out["decode"] = ("JPEG draft decoding (libjpeg DCT scaling): `dataset = "
                              "pipeline_opt.transforms.draft_dataset(dataset)`")
+        elif decode == "nvjpeg" and any(c.name == REPLAY_NAME for c in self.pixel_changes):
+            out["decode"] = ("JPEG decoding + your random augmentations replayed on the GPU (the same draws): "
+                             "`plan, why = pipeline_opt.transforms.plan_random_gpu_pipeline(loader)`, then "
+                             "`loader = plan.build(loader, device, dataloader_kwargs"
+                             + (", prepare_in_thread=True" if cfg.get("decode_thread") else "") + ")`")
         elif decode == "nvjpeg":
             out["decode"] = ("JPEG decoding on the GPU (nvJPEG): `pipeline_opt.transforms.gpu_jpeg_loader(dataset, "
                              "pipeline_opt.transforms.GpuJpegDecoder(size, mean=..., std=..., crop=...), "
-                             "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
-            if cfg.get("decode_thread"):
-                out["decode"] += ", and `prepare_in_thread=True` (decoding in a background thread)"
+                             + ("prepare_in_thread=True, " if cfg.get("decode_thread") else "")
+                             + "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
         if cfg.get("shared_slots"):
             out["shared_slots"] = ("image tensors through reused page-locked slots: `loader = "
                                    "pipeline_opt.loading.shared_slots.slot_loader(loader)`, iterated through "

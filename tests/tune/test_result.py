@@ -51,9 +51,18 @@ def test_other_changes_say_how_to_apply_each():
     assert "slot_loader" in other["shared_slots"]
     nvjpeg = _result(num_workers=4, decode="nvjpeg").other_changes()
     assert list(nvjpeg) == ["decode"] and "gpu_jpeg_loader" in nvjpeg["decode"]
+    assert "prepare_in_thread" not in nvjpeg["decode"]
+    threaded = _result(num_workers=4, decode="nvjpeg", decode_thread=True).other_changes()
+    assert "gpu_jpeg_loader" in threaded["decode"] and "prepare_in_thread=True" in threaded["decode"]
+    from pipeline_opt.tune.exactness import REPLAY_NAME
+
+    replay = PixelChange(REPLAY_NAME, "decode", "decode=nvjpeg", 0.8, 20.0, 3)
+    replayed = dataclasses.replace(_result(num_workers=4, decode="nvjpeg"), pixel_changes=(replay,),
+                                   exactness="decode").other_changes()
+    assert "plan_random_gpu_pipeline" in replayed["decode"] and "gpu_jpeg_loader" not in replayed["decode"]
 
 
-@pytest.mark.parametrize("key", ["gpu_transforms", "decode", "draft_decode", "shared_slots"])
+@pytest.mark.parametrize("key", ["gpu_transforms", "decode", "draft_decode", "shared_slots", "decode_thread"])
 def test_tuner_knobs_are_never_dataloader_kwargs(key):
     assert key not in _result(num_workers=2, decode="draft", draft_decode=True, shared_slots=True,
-                              gpu_transforms=["Normalize"]).dataloader_kwargs()
+                              gpu_transforms=["Normalize"], decode_thread=True).dataloader_kwargs()

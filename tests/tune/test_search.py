@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from pipeline_opt.tune.ab import accept, repeat_noise
 from pipeline_opt.tune.budget import compute_budget
 from pipeline_opt.tune.candidates import (
     LoaderConfig,
@@ -13,7 +14,7 @@ from pipeline_opt.tune.candidates import (
     worker_neighbours,
 )
 from pipeline_opt.tune.measure import Measurement, TrialFailed
-from pipeline_opt.tune.search import BaselineFailed, Search, accept, repeat_noise
+from pipeline_opt.tune.search import BaselineFailed, Search
 
 
 class Clock:
@@ -88,7 +89,7 @@ def test_reasons_say_what_happened_in_plain_words():
 
 
 def test_judgement_separates_the_finding_from_the_decision():
-    from pipeline_opt.tune.search import clear_win, judge
+    from pipeline_opt.tune.ab import clear_win, judge
 
     j = judge(58.3, 100, noise=0.12)
     assert (j.accepted, j.decision, j.finding) == (False, "rolled back", "42% slower (noise ±12%)")

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline_opt.tune import timing
+from pipeline_opt.tune.ab import clear_win
 from pipeline_opt.tune.candidates import LoaderConfig
-from pipeline_opt.tune.search import clear_win
 
 
 def test_window_length_follows_the_budget_within_bounds():

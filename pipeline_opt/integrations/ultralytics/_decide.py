@@ -39,8 +39,8 @@ from pipeline_opt.integrations.ultralytics._mosaic import MOSAIC_STAGE
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
+from pipeline_opt.tune.ab import MIN_GAIN, interleave, judge, repeat_noise
 from pipeline_opt.tune.measure import Measurement, TrialFailed
-from pipeline_opt.tune.search import MIN_GAIN, judge, repeat_noise
 
 log = get_logger("integrations.ultralytics")
 
@@ -292,12 +292,16 @@ def decide_gpu_augment(
                 side, phase = "cpu", "burn-in trial"
                 burn = trial(False)
             phase = "trial"
-            for _ in range(rounds):
-                for side in ("cpu", "gpu"):
-                    runs[side].append(trial(side == "gpu"))
-                    order.append(side)
-                if time.monotonic() > deadline:
-                    break
+
+            def measure_side(name: str) -> None:  # kept as it comes: a later failure keeps the pairs before it
+                nonlocal side
+                side = name
+                runs[name].append(trial(name == "gpu"))
+                order.append(name)
+
+            # A B pairs in the same order (CPU, then GPU), until the rounds are done or a pair ends past the deadline
+            interleave(("cpu", "gpu"), rounds, measure_side, alternate=False,
+                       stop=lambda: len(order) % 2 == 0 and time.monotonic() > deadline)
         except TrialFailed as exc:
             gpu_broke = side == "gpu" and exc.kind != "budget"
             failure = f"the {side} {phase} failed ({exc.kind}): {exc}"
