@@ -53,6 +53,8 @@ class PreparingThread:
                  ahead: int = 1, name: str = "pipeline_opt-prepare") -> None:
         if not isinstance(ahead, int) or ahead < 1:
             raise ValueError(f"ahead={ahead!r} must be an integer >= 1")
+        if device.type == "cuda" and device.index is None:  # the caller's current device, not the thread's
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._source, self._prepare = source, prepare
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
