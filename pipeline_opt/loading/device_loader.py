@@ -134,6 +134,7 @@ class DeviceLoader:
                              "slots have a receiving thread of their own; choose one")
         self.loader = loader
         self.prepare_in_thread = bool(prepare_in_thread)
+        self._thread_spans: list[tuple[str, int, int]] = []  # the latest pass's preparing thread
         self.device = resolve_device(device)
         self.transform = transform
         self.non_blocking = bool(non_blocking)
@@ -190,6 +191,11 @@ class DeviceLoader:
         if self._receiver is not None:
             self._receiver.close()
 
+    def thread_spans(self) -> tuple[tuple[str, int, int], ...]:
+        """``(what, t0_ns, t1_ns)`` of the latest pass's preparing thread (``prepare_in_thread``):
+        "next batch" (waiting for the loader) and "prepare batch" per batch; empty without the thread."""
+        return tuple(self._thread_spans)
+
     def __len__(self) -> int:
         return len(self.loader)
 
@@ -225,6 +231,7 @@ class DeviceLoader:
 
         it = iter(self.loader)
         preparing = PreparingThread(it, self.prepare, self.device)
+        self._thread_spans = preparing.spans
         try:
             for batch, event in preparing:
                 if event is not None:

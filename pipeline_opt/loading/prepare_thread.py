@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,9 @@ class PreparingThread:
         self._source, self._prepare = source, prepare
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
         self._stop = threading.Event()
+        # (what, t0_ns, t1_ns) on the epoch clock of the profiler's spans: "next batch" (waiting for
+        # the loader) and "prepare batch" (decode, copy, transforms) of every batch, for the trace
+        self.spans: list[tuple[str, int, int]] = []
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -77,10 +81,12 @@ class PreparingThread:
             if self._stream is not None:
                 torch.cuda.set_device(self.device)  # the current device is per thread
             while not self._stop.is_set():
+                t0 = time.time_ns()
                 try:
                     raw = next(self._source)
                 except StopIteration:
                     break
+                t1 = time.time_ns()
                 event = None
                 with torch.autograd.profiler.record_function("pipeline_opt.prepare_batch"):
                     if self._stream is None:
@@ -90,6 +96,7 @@ class PreparingThread:
                             batch = self._prepare(raw)
                             event = torch.cuda.Event()
                             event.record(self._stream)
+                self.spans += [("next batch", t0, t1), ("prepare batch", t1, time.time_ns())]
                 del raw
                 if not self._hand_over((batch, event)):
                     return

@@ -92,9 +92,10 @@ def _main_cpu_per_step(main: MainResult, num_workers: int) -> float:
 
 def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_config: dict[str, Any],
                  device: torch.device, model: torch.nn.Module | None,
-                 limit_throughput: float | None, dataset: Any = None) -> ProfileReport:
+                 limit_throughput: float | None, dataset: Any = None,
+                 thread_spans: Sequence[tuple[str, int, int]] = ()) -> ProfileReport:
     """The report for one profiling session (``dataset``: the loader or its dataset, for advice that
-    names the dataset's own settings)."""
+    names the dataset's own settings; ``thread_spans``: a DeviceLoader's preparing thread, for the trace)."""
     steps = main.steps
     if not steps:
         raise RuntimeError("no step was measured: run at least warm-up + 1 steps before asking for the report")
@@ -149,7 +150,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),
-                               num_workers=int(loader_config.get("num_workers") or 0))
+                               num_workers=int(loader_config.get("num_workers") or 0), thread_spans=thread_spans)
     return ProfileReport(
         throughput=throughput,
         step_time_s=step_time,

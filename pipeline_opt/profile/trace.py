@@ -22,6 +22,7 @@ from typing import Any
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEPS_TID = 1  # pipeline_opt's own main-thread spans
 LOADER_TID = 2  # the loader's spans when the main process plays the worker
+PREPARE_TID = 3  # a DeviceLoader's preparing thread (prepare_in_thread=True): next batch, decode, copy
 _FLOW_ID_BASE = 1_000_000_000  # clear of torch.profiler's own flow ids
 
 
@@ -165,8 +166,11 @@ def _flow(pairs: Sequence[tuple[Any, Any]], main_pid: int) -> list[dict[str, Any
     return out
 
 
-def build_trace(main: Any, records: Sequence[Any], *, main_pid: int, num_workers: int) -> list[dict[str, Any]]:
-    """The merged timeline: main-process spans + torch.profiler events + worker spans + flows."""
+def build_trace(main: Any, records: Sequence[Any], *, main_pid: int, num_workers: int,
+                thread_spans: Sequence[tuple[str, int, int]] = ()) -> list[dict[str, Any]]:
+    """The merged timeline: main-process spans + torch.profiler events + worker spans + flows, and
+    the spans of a DeviceLoader's preparing thread (``(what, t0_ns, t1_ns)``) on a track of its own,
+    where the decode of the next batch shows against the step it overlaps."""
     events = _meta(main_pid, f"main process (pid {main_pid})", 0)
     events += _meta(main_pid, "pipeline_opt steps", STEPS_TID, tid=STEPS_TID, kind="thread")
     t0, t1 = main.session_ns
@@ -175,6 +179,9 @@ def build_trace(main: Any, records: Sequence[Any], *, main_pid: int, num_workers
     measured = {s.index for s in main.steps}
     for name, step, a, b in main.spans:
         events.append(_x(name, "step", main_pid, STEPS_TID, a, b, {"step": step, "measured": step in measured}))
+    if thread_spans:
+        events += _meta(main_pid, "DeviceLoader preparing thread", PREPARE_TID, tid=PREPARE_TID, kind="thread")
+        events += [_x(what, "prepare", main_pid, PREPARE_TID, a, b) for what, a, b in thread_spans]
     for e in main.torch_events:
         if e.get("ph") == "M" and e.get("name") == "process_name" and e.get("pid") == main_pid:
             continue  # ours names the main process

@@ -366,3 +366,34 @@ def test_a_collate_that_stacks_into_ordinary_memory_is_measured_and_named():
     mib = 8 * 3 * 256 * 341 * 4 / (1 << 20)  # 8.0 MiB of images per batch (+ the labels' few bytes)
     assert any(f"holds {mib:.0f} MiB of tensors outside shared memory" in e for e in custom.evidence)
     assert not any("outside shared memory" in e for e in plain.evidence)
+
+
+def _slow_decode(batch):
+    time.sleep(0.02)  # a decode that blocks its caller, as nvJPEG's does
+    return batch
+
+
+def test_a_preparing_threads_decode_shows_on_its_own_track_overlapping_the_steps():
+    from pipeline_opt.loading import DeviceLoader
+    from pipeline_opt.profile.trace import PREPARE_TID
+
+    def slow_step(model, batch):
+        time.sleep(0.02)
+        return model(batch[0].float().flatten(1)[:, :3 * 8 * 8]).sum()
+
+    loader = DeviceLoader(DataLoader(Burn(n=64, ms=0.1), batch_size=4), device="cpu", batch_transform=_slow_decode,
+                          prepare_in_thread=True)
+    model = torch.nn.Linear(3 * 8 * 8, 2)
+    report = po.profile(loader, model, step_fn=slow_step, steps=6, warmup=1, limit=False, trace_steps=0)
+    events = report.trace()["traceEvents"]
+    main_pid = os.getpid()
+    prepared = [(e["ts"], e["ts"] + e["dur"]) for e in events
+                if e.get("tid") == PREPARE_TID and e.get("pid") == main_pid and e.get("name") == "prepare batch"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("pid") == main_pid and e.get("name") == "compute" and e.get("cat") == "step"]
+    assert len(prepared) >= 7 and steps
+    overlapping = [p for p in prepared if any(a < p[1] and p[0] < b for a, b in steps)]
+    assert len(overlapping) >= len(steps) // 2, "the decode of the next batch did not run during the steps"
+    names = [e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("tid") == PREPARE_TID
+             and e.get("name") == "thread_name"]
+    assert names == ["DeviceLoader preparing thread"]
