@@ -134,7 +134,7 @@ class DeviceLoader:
                              "slots have a receiving thread of their own; choose one")
         self.loader = loader
         self.prepare_in_thread = bool(prepare_in_thread)
-        self._thread_spans: list[tuple[str, int, int]] = []  # the latest pass's preparing thread
+        self._thread_spans: Iterable[tuple[str, int, int]] = ()  # the latest pass's preparing thread
         self.device = resolve_device(device)
         self.transform = transform
         self.non_blocking = bool(non_blocking)
@@ -193,7 +193,8 @@ class DeviceLoader:
 
     def thread_spans(self) -> tuple[tuple[str, int, int], ...]:
         """``(what, t0_ns, t1_ns)`` of the latest pass's preparing thread (``prepare_in_thread``):
-        "next batch" (waiting for the loader) and "prepare batch" per batch; empty without the thread."""
+        "next batch" (waiting for the loader) and "prepare batch" for each of its latest batches
+        (``prepare_thread.SPANS_KEPT`` spans); empty without the thread."""
         return tuple(self._thread_spans)
 
     def __len__(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ log = get_logger("loading.prepare_thread")
 
 _END = object()
 _POLL_S = 0.1  # how often a blocked hand-over looks whether the consumer stopped
+SPANS_KEPT = 4096  # the latest spans (two per batch): a pass may never end (an infinite loader)
 
 
 class _Failure:
@@ -61,8 +63,8 @@ class PreparingThread:
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
         self._stop = threading.Event()
         # (what, t0_ns, t1_ns) on the epoch clock of the profiler's spans: "next batch" (waiting for
-        # the loader) and "prepare batch" (decode, copy, transforms) of every batch, for the trace
-        self.spans: list[tuple[str, int, int]] = []
+        # the loader) and "prepare batch" (decode, copy, transforms) of the latest batches, for the trace
+        self.spans: deque[tuple[str, int, int]] = deque(maxlen=SPANS_KEPT)
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -96,7 +98,7 @@ class PreparingThread:
                             batch = self._prepare(raw)
                             event = torch.cuda.Event()
                             event.record(self._stream)
-                self.spans += [("next batch", t0, t1), ("prepare batch", t1, time.time_ns())]
+                self.spans.extend((("next batch", t0, t1), ("prepare batch", t1, time.time_ns())))
                 del raw
                 if not self._hand_over((batch, event)):
                     return

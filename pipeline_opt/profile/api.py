@@ -17,6 +17,7 @@ from pipeline_opt.profile.install import (
     epoch_trace_steps,
     install_worker_profiling,
     skip_steps,
+    thread_spans_of,
 )
 from pipeline_opt.profile.limit import speed_of_light
 from pipeline_opt.profile.main_profiler import (
@@ -110,9 +111,8 @@ def profile(
                 limit_tp = speed_of_light(model, step, replay, dev, iters=max(3, min(_LIMIT_ITERS, steps)))
             del replay
         collector.close()
-        thread_spans = profiled.thread_spans() if callable(getattr(type(profiled), "thread_spans", None)) else ()
         report = build_report(main, collector.read(), loader_config=config, device=dev, model=model,
-                              limit_throughput=limit_tp, dataset=loader, thread_spans=thread_spans)
+                              limit_throughput=limit_tp, dataset=loader, thread_spans=thread_spans_of(profiled))
     finally:
         collector.close()
     log.info("profiled %d steps: %.1f samples/s, bottleneck %s", len(report.steps), report.throughput,

@@ -42,6 +42,7 @@ from pipeline_opt.profile.install import (
     loop_skip_steps,
     shutdown_iteration,
     skip_steps,
+    thread_spans_of,
 )
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler, validate_trace_steps
 from pipeline_opt.profile.report import ProfileReport
@@ -182,7 +183,7 @@ class LoopProfiler:
             records = self._collector.read()
             self._report = build_report(main, records, loader_config=self.config, device=self.device,
                                         model=self.model, limit_throughput=None,
-                                        dataset=self._loader)
+                                        dataset=self._loader, thread_spans=thread_spans_of(self._loader))
         validation = self.validation_report()
         if validation is not None:
             return dataclasses.replace(self._report, validation=validation)

@@ -90,6 +90,13 @@ def install_worker_profiling(
     return rewrap(clone), collector
 
 
+def thread_spans_of(loader: Any) -> tuple[tuple[str, int, int], ...]:
+    """The preparing thread's spans of a profiled ``DeviceLoader(prepare_in_thread=True)`` (see
+    :meth:`~pipeline_opt.loading.device_loader.DeviceLoader.thread_spans`); empty for any other loader."""
+    spans = getattr(type(loader), "thread_spans", None)
+    return spans(loader) if callable(spans) else ()
+
+
 def shutdown_iteration(iterator: Iterator | None, loader: Any) -> None:
     """Stop the worker processes behind ``iterator`` / ``loader`` now instead of at garbage collection."""
     seen: set[int] = set()

@@ -141,3 +141,19 @@ def test_perf_bench_saves_the_report_and_exits_zero(tmp_path):
     saved = json.loads((out / "report.json").read_text())
     assert len(saved["steps"]) == 3
     assert json.loads((out / "trace.json").read_text())["traceEvents"]
+
+
+def test_a_loop_over_a_preparing_thread_gets_its_track_in_the_trace():
+    from pipeline_opt.loading import DeviceLoader
+    from pipeline_opt.profile.trace import PREPARE_TID
+
+    loader = DeviceLoader(DataLoader(Slow(), batch_size=4), device="cpu", prepare_in_thread=True)
+    model = torch.nn.Linear(8, 2)
+    with po.profile_loop(loader, model=model, steps=4, warmup=1) as prof:
+        for _epoch in range(2):
+            for images, _labels in prof:
+                model(images).sum().backward()
+                prof.step()
+        report = prof.report()
+    spans = [e for e in report.trace()["traceEvents"] if e.get("tid") == PREPARE_TID and e.get("cat") == "prepare"]
+    assert {e["name"] for e in spans} == {"next batch", "prepare batch"}
