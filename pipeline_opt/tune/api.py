@@ -235,9 +235,15 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
     why = f"Little's law first guess ({_guess_reason(baseline_report, probe, budget, measured)})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
-    guess, persistent_why = persistent_for_short_epochs(guess, budget.batches_per_epoch)
-    search.calibrate(guess, why + persistent_why)
-    _retry_with_persistent_workers(search, guess)
+    stale = stale_dataset_hazard(getattr(loader, "dataset", None))
+    if stale is not None:
+        search.skip("persistent_workers", stale)
+    else:
+        guess, persistent_why = persistent_for_short_epochs(guess, budget.batches_per_epoch)
+        why += persistent_why
+    search.calibrate(guess, why)
+    if stale is None:
+        _retry_with_persistent_workers(search, guess)
     _tune_gpu_decode(search, nvjpeg_plan, nvjpeg_why)  # the largest win on a decode-bound pipeline
     if shared_slots and probe is not None and probe.bytes >= SLOTS_EARLY_BYTES:
         # what the slots save grows with the bytes received per second: for big batches, try them
@@ -245,7 +251,7 @@ def _tune(loader, model, step_fn, step, dev, deadline, t_start, bar, profiler, *
         _tune_shared_slots(search, loader, dev, True)
     search.tune_workers()
     _tune_dataset_changes(search, gpu_plan, gpu_why, draft_plan, draft_why)
-    _tune_flags(search, loader, dev, shared_slots)
+    _tune_flags(search, loader, dev, shared_slots, persistent=stale is None)
     search.confirm()
     outcome = search.outcome()
     log.info("autotune: %s", outcome.verdict)
@@ -350,6 +356,27 @@ def _combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: R
     return guess, levers
 
 
+EPOCH_HOOKS = ("set_epoch",)  # dataset methods a training loop calls between epochs
+
+
+def stale_dataset_hazard(dataset: Any) -> str | None:
+    """Why persistent workers could change the samples of ``dataset``, or None.
+
+    Persistent workers keep the copy of the dataset they started with: a dataset the training loop
+    changes between epochs (``dataset.set_epoch(epoch)``: curriculum, resampling, augmentation
+    schedules) would go on serving its first epoch's state. The tuner cannot see what such a
+    method changes, so it leaves ``persistent_workers`` as given for such a dataset, and says so."""
+    seen = 0
+    while dataset is not None and seen < 8:  # through Subset / wrapper datasets
+        for hook in EPOCH_HOOKS:
+            if callable(getattr(type(dataset), hook, None)):
+                return (f"{type(dataset).__name__}.{hook}() exists: persistent workers would keep the dataset "
+                        "they started with and miss what it changes between epochs; set persistent_workers=True "
+                        f"yourself if {hook} changes nothing the workers read")
+        dataset, seen = getattr(dataset, "dataset", None), seen + 1
+    return None
+
+
 def persistent_for_short_epochs(guess: LoaderConfig, batches_per_epoch: int | None) -> tuple[LoaderConfig, str]:
     """``guess`` with persistent workers when its workers would restart after a few batches each
     (:func:`~pipeline_opt.tune.candidates.short_epoch`), and the clause that says so; else unchanged."""
@@ -389,7 +416,8 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         search.tune_workers("num_workers after GPU decoding")
 
 
-def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_slots: bool = True) -> None:
+def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_slots: bool = True,
+                persistent: bool = True) -> None:
     inc = search.incumbent
     if dev.type == "cuda":
         search.try_change(f"pin_memory -> {not inc.pin_memory}", pin_memory=not inc.pin_memory)
@@ -399,7 +427,7 @@ def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_sl
     if search.incumbent.num_workers == 0:
         search.skip("persistent_workers, prefetch_factor", "the best configuration has no workers")
         return
-    if not search.incumbent.persistent_workers:
+    if persistent and not search.incumbent.persistent_workers:
         # clone_loader keeps a persistent clone's epoch order equal to the original's
         if search.try_change("persistent_workers -> True", persistent_workers=True):
             search.tune_workers("num_workers with persistent workers")  # restarts no longer price the workers

@@ -196,3 +196,28 @@ def test_a_profile_report_is_the_baseline_so_both_give_one_diagnosis():
         po.autotune(other, model, time_budget_s=8, progress=False, baseline=report)
     with pytest.raises(TypeError, match="baseline must be the ProfileReport"):
         po.autotune(loader, model, time_budget_s=8, progress=False, baseline={"throughput": 1.0})
+
+
+class EpochAware(SlowIO):
+    """A dataset the training loop changes between epochs (a curriculum)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+@pytest.mark.timeout(90)
+def test_a_dataset_with_set_epoch_never_gets_persistent_workers_and_is_told_why():
+    # the short epoch that gets persistent workers above: here they would serve the first epoch's dataset
+    loader = DataLoader(torch.utils.data.Subset(EpochAware(n=32, latency_s=0.02), range(32)), batch_size=4)
+    result = po.autotune(loader, tiny_model(), time_budget_s=10, progress=False)
+    assert not any(t.config["persistent_workers"] for t in result.trials), [t.reason for t in result.trials]
+    assert not result.config["persistent_workers"]
+    why = [x for x in result.not_tried if x.startswith("persistent_workers")]
+    assert why and "EpochAware.set_epoch() exists" in why[0] and "persistent_workers=True" in why[0]
+
+
+def test_the_stale_dataset_rule_looks_through_wrappers_and_only_at_epoch_hooks():
+    from pipeline_opt.tune.api import stale_dataset_hazard
+
+    assert stale_dataset_hazard(SlowIO()) is None and stale_dataset_hazard(None) is None
+    assert "EpochAware.set_epoch()" in stale_dataset_hazard(torch.utils.data.Subset(EpochAware(), [0, 1]))
