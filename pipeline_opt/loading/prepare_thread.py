@@ -26,11 +26,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-
 __all__ = ["PreparingThread"]
-
-log = get_logger("loading.prepare_thread")
 
 _END = object()
 _POLL_S = 0.1  # how often a blocked hand-over looks whether the consumer stopped
@@ -43,7 +39,8 @@ class _Failure:
 
 
 class PreparingThread:
-    """Iterate ``source`` and ``prepare`` each batch in a daemon thread, ``ahead`` batches ahead.
+    """Iterate ``source`` and ``prepare`` each batch in a daemon thread, ``ahead`` batches ahead
+    (plus the one the thread is preparing: up to ``ahead + 1`` prepared batches wait on the device).
 
     Iterating a ``PreparingThread`` yields ``(batch, event)``: ``event`` is the CUDA event that marks
     the batch ready on ``device`` (None off CUDA). An exception raised by ``source`` or ``prepare``

@@ -141,6 +141,37 @@ def short_epoch(workers: int, batches_per_epoch: int | None) -> bool:
     return workers >= 1 and bool(batches_per_epoch) and batches_per_epoch <= SHORT_EPOCH_ROUNDS * workers
 
 
+EPOCH_HOOKS = ("set_epoch",)  # dataset methods a training loop calls between epochs
+
+
+def stale_dataset_hazard(dataset: Any) -> str | None:
+    """Why persistent workers could change the samples of ``dataset``, or None.
+
+    Persistent workers keep the copy of the dataset they started with: a dataset the training loop
+    changes between epochs (``dataset.set_epoch(epoch)``: curriculum, resampling, augmentation
+    schedules) would go on serving its first epoch's state. The tuner cannot see what such a
+    method changes, so it leaves ``persistent_workers`` as given for such a dataset, and says so."""
+    seen = 0
+    while dataset is not None and seen < 8:  # through Subset / wrapper datasets
+        for hook in EPOCH_HOOKS:
+            if callable(getattr(type(dataset), hook, None)):
+                return (f"{type(dataset).__name__}.{hook}() exists: persistent workers would keep the dataset "
+                        "they started with and miss what it changes between epochs; set persistent_workers=True "
+                        f"yourself if {hook} changes nothing the workers read")
+        dataset, seen = getattr(dataset, "dataset", None), seen + 1
+    return None
+
+
+def persistent_for_short_epochs(guess: LoaderConfig, batches_per_epoch: int | None) -> tuple[LoaderConfig, str]:
+    """``guess`` with persistent workers when its workers would restart after a few batches each
+    (:func:`short_epoch`), and the clause that says so; else unchanged."""
+    if guess.persistent_workers or not short_epoch(guess.num_workers, batches_per_epoch):
+        return guess, ""
+    per_worker = -(-batches_per_epoch // guess.num_workers)
+    return guess.with_(persistent_workers=True), (f", persistent since {batches_per_epoch} batches an epoch make "
+                                                  f"at most {per_worker} per worker between restarts")
+
+
 def workers_to_keep_up(m: Any, num_workers: int) -> int | None:
     """Little's law from a measured configuration that is still data-bound, else None.
 

@@ -217,7 +217,7 @@ def test_a_dataset_with_set_epoch_never_gets_persistent_workers_and_is_told_why(
 
 
 def test_the_stale_dataset_rule_looks_through_wrappers_and_only_at_epoch_hooks():
-    from pipeline_opt.tune.api import stale_dataset_hazard
+    from pipeline_opt.tune.candidates import stale_dataset_hazard
 
     assert stale_dataset_hazard(SlowIO()) is None and stale_dataset_hazard(None) is None
     assert "EpochAware.set_epoch()" in stale_dataset_hazard(torch.utils.data.Subset(EpochAware(), [0, 1]))

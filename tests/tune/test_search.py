@@ -571,7 +571,7 @@ def test_worker_moves_follow_littles_law_and_whole_epoch_rounds():
 
 
 def test_a_short_epochs_first_guess_is_persistent_and_says_why():
-    from pipeline_opt.tune.api import persistent_for_short_epochs
+    from pipeline_opt.tune.candidates import persistent_for_short_epochs
 
     guess, why = persistent_for_short_epochs(LoaderConfig(8), 16)
     assert guess == LoaderConfig(8, persistent_workers=True) and "16 batches an epoch" in why and "at most 2" in why
