@@ -73,10 +73,16 @@ class BatchSizeAdvice:
         return line
 
 
+PER_BOX_KEYS = ("batch_idx", "cls", "bboxes", "keypoints")  # ultralytics' detection batch: one row per box
+
+
 def resize_batch(batch: Any, n: int) -> Any:
     """``batch`` with ``n`` samples: its samples repeated (or the first ``n`` kept) along dim 0 of every
-    tensor whose first dimension is the batch size. Raises ``TypeError`` when a tensor has another
-    first dimension (boxes of a detection batch): pass ``make_batch=`` to :func:`max_batch_size`."""
+    tensor whose first dimension is the batch size. An ultralytics detection batch (a dict with
+    ``img`` and ``batch_idx``) gets each repeated sample's boxes, renumbered. Raises ``TypeError`` when
+    any other tensor has another first dimension: pass ``make_batch=`` to :func:`max_batch_size`."""
+    if isinstance(batch, Mapping) and "img" in batch and isinstance(batch.get("batch_idx"), torch.Tensor):
+        return _resize_detection(batch, n)
     size = batch_size_of(batch)
 
     def resize(value: Any) -> Any:
@@ -94,6 +100,30 @@ def resize_batch(batch: Any, n: int) -> Any:
         return value
 
     return resize(batch)
+
+
+def _resize_detection(batch: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """:func:`resize_batch` for ultralytics' layout: per-sample tensors and lists indexed like the
+    images, per-box tensors (:data:`PER_BOX_KEYS`) gathered sample by sample, ``batch_idx`` renumbered."""
+    size = int(batch["img"].shape[0])
+    source = [j % size for j in range(n)]
+    owner = batch["batch_idx"].long()
+    boxes_of = [torch.nonzero(owner == s).flatten() for s in range(size)]
+    rows = torch.cat([boxes_of[s] for s in source]) if n else owner[:0]
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key == "batch_idx":
+            out[key] = torch.cat([torch.full((len(boxes_of[s]),), j, dtype=value.dtype)
+                                  for j, s in enumerate(source)]).to(value.device) if n else value[:0]
+        elif key in PER_BOX_KEYS and isinstance(value, torch.Tensor):
+            out[key] = value[rows.to(value.device)]
+        elif isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == size:
+            out[key] = value[torch.tensor(source, dtype=torch.long, device=value.device)]
+        elif isinstance(value, (list, tuple)) and len(value) == size:
+            out[key] = type(value)(value[s] for s in source)
+        else:
+            out[key] = value
+    return out
 
 
 def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any] | None = None,

@@ -131,3 +131,33 @@ def test_a_cuda_profile_measures_each_steps_peak():
     mem = report.memory
     assert mem.measured and len(mem.peak_allocated_bytes) == 3 and mem.max_peak_bytes > 0
     assert 0 < mem.headroom_bytes < mem.device_total_bytes and "memory: peak" in report.table()
+
+
+def test_a_detection_batch_is_resized_with_each_samples_boxes_renumbered():
+    batch = {"img": torch.arange(3).view(3, 1, 1, 1).expand(3, 3, 2, 2).clone(),
+             "batch_idx": torch.tensor([0.0, 0.0, 2.0]), "cls": torch.tensor([[5.0], [6.0], [7.0]]),
+             "bboxes": torch.arange(12.0).view(3, 4), "im_file": ["a", "b", "c"], "ori_shape": [(1, 1)] * 3}
+    out = resize_batch(batch, 5)  # samples 0 1 2 0 1: sample 1 has no box
+    assert out["img"][:, 0, 0, 0].tolist() == [0, 1, 2, 0, 1]
+    assert out["batch_idx"].tolist() == [0.0, 0.0, 2.0, 3.0, 3.0] and out["batch_idx"].dtype == torch.float32
+    assert out["cls"].flatten().tolist() == [5.0, 6.0, 7.0, 5.0, 6.0]
+    assert torch.equal(out["bboxes"][3:], batch["bboxes"][:2]) and out["im_file"] == ["a", "b", "c", "a", "b"]
+    smaller = resize_batch(batch, 2)
+    assert smaller["batch_idx"].tolist() == [0.0, 0.0] and smaller["img"].shape[0] == 2
+
+
+def test_a_resized_ultralytics_batch_trains_through_the_yolo_step(tmp_path):
+    pytest.importorskip("ultralytics")
+    from pipeline_opt.datasets import make_yolo_dataset
+    from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
+
+    data = make_yolo_dataset(n_train=8, n_val=2, size=(96, 64), root=tmp_path / "yolo", workers=1)
+    pipe = build_yolo_pipeline(data, imgsz=32, batch=4, workers=0, device="cpu")
+    try:
+        batch = next(iter(pipe.loader))
+        bigger = resize_batch(batch, 6)
+        assert bigger["img"].shape[0] == 6 and int(bigger["batch_idx"].max()) <= 5
+        loss = pipe.step_fn(pipe.model, bigger)
+        assert loss is None or torch.isfinite(torch.as_tensor(loss)).all()
+    finally:
+        pipe.close()
