@@ -52,11 +52,13 @@ DESCRIPTIONS = {
     "bench_yolo_decide": "The GPU-augmentation decision (A B A B) repeated on the trainer-free YOLO pipeline.",
     "bench_transforms": "GPU batch transforms against the CPU work they replace; rows in images per second.",
     "bench_overhead": "The profiler's cost: the training loop with and without profiling.",
+    "bench_batch_size": "`po.max_batch_size` and ultralytics' AutoBatch against the true largest batch a real "
+                        "training step runs at (ResNet-50 224 px and YOLO11n 640 px, bf16).",
     "yolo_worker_stages": "CPU only: milliseconds per sample of each stage of an ultralytics training sample, "
                           "and the images per second a DataLoader of it delivers.",
 }
 ORDER = ("bench_classification", "bench_yolo_trainer", "bench_yolo", "bench_yolo_gap", "bench_yolo_decide",
-         "bench_transforms", "bench_overhead", "yolo_worker_stages")
+         "bench_transforms", "bench_overhead", "bench_batch_size", "yolo_worker_stages")
 
 # Summary keys that hold per-row ratios to the limit (shown in the tables' ratio column).
 _VS_LIMIT_KEYS = ("vs limit", "vs_limit")

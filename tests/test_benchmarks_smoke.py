@@ -276,7 +276,7 @@ def test_yolo_gap_intra_op_threads_are_set_for_the_block_and_restored():
 # the scripts, end to end on the CPU
 
 
-NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap",
+NAMES = ("bench_classification", "bench_yolo", "bench_transforms", "bench_overhead", "bench_yolo_gap", "bench_batch_size",
          "bench_yolo_decide", "bench_yolo_trainer")
 
 
@@ -603,3 +603,34 @@ def test_classification_grid_point_decoding_in_a_thread_builds_a_threaded_loader
         assert source.prepare_in_thread == decode.endswith("-thread")
         images, labels = next(iter(source))
         assert images.shape == (QUICK.batch, 3, QUICK.crop, QUICK.crop) and images.dtype == torch.float32
+
+
+def test_the_true_batch_limit_is_found_by_doubling_then_bisection():
+    from benchmarks.bench_batch_size import QUICK, Workload, true_limit
+    from benchmarks.harness import Deadline
+
+    MiB = 1 << 20
+
+    class Fake:  # a step's peak is 1000 MiB + 10 MiB a sample; past 3400 MiB it runs out of memory
+        def reset_peak(self):
+            self.peak = 0
+
+        def peaks(self):
+            return self.peak, self.peak
+
+        def step(self, model, batch):
+            need = 1000 * MiB + 10 * MiB * batch.shape[0]
+            if need > 3400 * MiB:
+                raise RuntimeError("CUDA out of memory. Tried to allocate")
+            self.peak = need
+            model(batch).sum().backward()
+
+    fake, model = Fake(), torch.nn.Linear(4, 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    work = Workload("fake", None, model, fake.step)
+    got = true_limit(work, lambda n: torch.ones(n, 4), 32, torch.device("cpu"), QUICK, Deadline(60), memory=fake)
+    # 32 64 128 fit, 256 does not; bisection closes in on 240 (the last size within 3400 MiB)
+    assert [n for n, _ in got["probes"][:4]] == [32, 64, 128, 256] and got["complete"]
+    assert 240 - max(1, int(0.02 * 240)) <= got["fits"] <= 240 < got["fails"]
+    assert got["peak_bytes"] == 1000 * MiB + 10 * MiB * got["fits"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is restored

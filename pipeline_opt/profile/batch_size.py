@@ -162,7 +162,7 @@ def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch
         measured: dict[int, int] = {}
         wanted = list(sizes) if sizes else [max(1, current // 2), current]
         for n in wanted:
-            peak = _peak(step, model, build(n), dev, memory)
+            peak = peak_bytes(step, model, build(n), dev, memory)
             if peak is None:
                 return BatchSizeAdvice(measured=True, current=current, batch_sizes=tuple(measured),
                                        peak_reserved_bytes=tuple(measured.values()), device_total_bytes=total,
@@ -172,7 +172,7 @@ def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch
         slope, fixed = _fit(measured)
         predicted = _predict(slope, fixed, total, margin)
         if not sizes and predicted >= 2 * current and len(measured) == 2:  # a third point, far out, steadies the line
-            peak = _peak(step, model, build(2 * current), dev, memory)
+            peak = peak_bytes(step, model, build(2 * current), dev, memory)
             if peak is not None:
                 measured[2 * current] = peak
                 slope, fixed = _fit(measured)
@@ -181,7 +181,7 @@ def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch
         for n in (predicted, int(predicted * 0.9)):
             if n <= 0 or n in oom:
                 continue
-            peak = _peak(step, model, build(n), dev, memory)
+            peak = peak_bytes(step, model, build(n), dev, memory)
             if peak is None:
                 oom.append(n)
                 continue
@@ -190,7 +190,7 @@ def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch
         throughput = {}
         if time_steps > 0:
             for n in {current, verified} - {None}:
-                throughput[n] = _throughput(step, model, build(n), dev, time_steps)
+                throughput[n] = step_throughput(step, model, build(n), dev, time_steps)
     advice = BatchSizeAdvice(
         measured=True, current=current, batch_sizes=tuple(measured), peak_reserved_bytes=tuple(measured.values()),
         bytes_per_sample=slope, fixed_bytes=fixed, device_total_bytes=total, margin=margin, predicted=predicted,
@@ -217,9 +217,10 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def _peak(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.device, memory: MemoryBackend) -> int | None:
-    """The peak reserved bytes over two steps on ``batch`` (the second one's allocator state is the
-    steady one), or None when it ran out of memory (the cache is emptied)."""
+def peak_bytes(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.device, memory: MemoryBackend) -> int | None:
+    """The peak reserved bytes over two steps ``step(model, batch)`` on ``batch`` (the second one's
+    allocator state is the steady one), or None when it ran out of memory (gradients dropped, the cache
+    emptied). The caller restores the model (:class:`~pipeline_opt._step.ModelStateGuard`)."""
     try:
         batch = move_to_device(batch, dev) if dev.type == "cuda" else batch
         peak = 0
@@ -238,7 +239,8 @@ def _peak(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.device,
         return None
 
 
-def _throughput(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.device, steps: int) -> float:
+def step_throughput(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.device, steps: int) -> float:
+    """Samples per second of ``steps`` synchronised steps on ``batch``, after one untimed step."""
     batch = move_to_device(batch, dev) if dev.type == "cuda" else batch
     step(model, batch)  # warm-up (allocator, cuDNN's choice for this shape)
     _sync(dev)
