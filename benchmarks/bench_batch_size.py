@@ -132,12 +132,17 @@ def autobatch_sizes(model: torch.nn.Module, imgsz: int, device: torch.device) ->
     from ultralytics.utils.autobatch import autobatch
 
     out: dict[str, Any] = {}
-    for fraction in (0.6, 0.9):
-        torch.cuda.empty_cache()
-        t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out[str(fraction)] = autobatch(copy.deepcopy(model).train(), imgsz, fraction=fraction)
-        out[f"{fraction}_s"] = round(time.perf_counter() - t0, 2)
+    benchmark_mode = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False  # AutoBatch returns its default batch under cuDNN's autotuner
+    try:
+        for fraction in (0.6, 0.9):
+            torch.cuda.empty_cache()
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out[str(fraction)] = autobatch(copy.deepcopy(model).train(), imgsz, fraction=fraction)
+            out[f"{fraction}_s"] = round(time.perf_counter() - t0, 2)
+    finally:
+        torch.backends.cudnn.benchmark = benchmark_mode
     return out
 
 
