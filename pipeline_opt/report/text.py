@@ -278,7 +278,10 @@ def pixel_change_lines(d: Mapping[str, Any]) -> list[str]:
             "no change the tuner made alters a pixel"
         return [f"samples: bit-for-bit identical to the loader as given ({how})"]
     changes = [c if isinstance(c, PixelChange) else PixelChange(**c) for c in d.get("pixel_changes") or ()]
-    lines = [f"samples: NOT bit-for-bit identical to the loader as given ({exactness} changes):"]
+    if changes and all(c.identical_where_measured for c in changes):
+        lines = [f"samples: identical on every image checked, but not guaranteed bit-for-bit ({exactness} changes):"]
+    else:
+        lines = [f"samples: NOT bit-for-bit identical to the loader as given ({exactness} changes):"]
     lines += [f"  - {c.describe()}" for c in changes] or [f"  - {exactness} changes (no measurement recorded)"]
     if any(c.kind == "decode" for c in changes):
         lines.append(f"  decoders are offered only within mean {DECODE_MEAN_ERROR:g}/255 and max "

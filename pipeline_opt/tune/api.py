@@ -311,6 +311,9 @@ def samples_clause(exactness: str, changes: tuple[PixelChange, ...]) -> str:
     if exactness == "bitwise":
         return "samples bit-for-bit identical to the loader as given"
     named = "; ".join(f"{c.name}: {c.error_text()}" for c in changes) or f"{exactness} changes"
+    if changes and all(c.identical_where_measured for c in changes):
+        return (f"samples identical on every image checked but not guaranteed bit-for-bit ({named}; "
+                "exact=True guarantees it)")
     return f"samples NOT bit-for-bit identical ({named})"
 
 

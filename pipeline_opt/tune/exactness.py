@@ -93,6 +93,12 @@ class PixelChange:
             text += f"; {self.size_mismatches} of them one pixel off in size after the resize"
         return text
 
+    @property
+    def identical_where_measured(self) -> bool:
+        """Measured on the user's images and no pixel value differed (e.g. draft decoding where every
+        image checked was decoded at full scale): the same pixels there, but not guaranteed on others."""
+        return self.n_images > 0 and self.max_error == 0 and not self.mean_error
+
     def describe(self) -> str:
         """One line: the change, its class and its measured error."""
         what = {"decode": "a different JPEG decoder", "tolerance": "the same operation, another kernel"}[self.kind]

@@ -107,6 +107,22 @@ def _with_pixel_changes():
                                pixel_checks=(draft, resize))
 
 
+def test_a_change_that_altered_no_pixel_checked_is_not_called_a_difference():
+    from pipeline_opt.tune.api import samples_clause
+    from pipeline_opt.tune.exactness import PixelChange
+
+    same = PixelChange("JPEG draft decoding", "decode", "decode=draft", 0.0, 0.0, 12)
+    result = dataclasses.replace(make_tune(), exactness="decode", pixel_changes=(same,), pixel_checks=(same,))
+    text = tune_table(result)
+    assert "samples: identical on every image checked, but not guaranteed bit-for-bit (decode changes)" in text
+    assert "NOT bit-for-bit" not in text and "exact=True" in text
+    clause = samples_clause("decode", (same,))
+    assert clause.startswith("samples identical on every image checked but not guaranteed bit-for-bit")
+    assert "max 0/255" in clause and "exact=True" in clause
+    unmeasured = PixelChange("JPEG draft decoding", "decode", "decode=draft", None, 32.0, 0)
+    assert samples_clause("decode", (unmeasured,)).startswith("samples NOT bit-for-bit identical")
+
+
 def test_tune_table_names_every_change_that_alters_pixels():
     result = _with_pixel_changes()
     text = tune_table(result)
