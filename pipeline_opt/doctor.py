@@ -86,8 +86,9 @@ def check_cpu() -> Finding:
                        f"DataLoader workers can only use {usable} cores; leave 1-2 for the main thread "
                        "(num_workers <= usable - 2) or widen the affinity (taskset / cgroup cpuset).")
     if usable <= 2:
-        return Finding("cpu", value, "info", "few cores: move tensor work (normalize, resize) to the GPU and "
-                       "keep num_workers <= 1 so the training thread keeps a core.")
+        return Finding("cpu", value, "info", "few cores: move tensor work (normalize, resize) to the GPU; how "
+                       "many workers fit beside the training thread depends on its own CPU use: po.autotune "
+                       "measures it and reserves that share.")
     return Finding("cpu", value, "ok", f"num_workers up to about {max(1, usable - 2)} leaves cores for the "
                    "main thread and the pin-memory thread.")
 
