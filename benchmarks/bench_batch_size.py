@@ -7,11 +7,14 @@ Two workloads, each with its real training step (bf16 autocast on CUDA):
 
 For each, on one GPU:
 
-    po.max_batch_size      the largest batch predicted to keep 10% of the device's memory free, and
-                           the size it verified with one real step; seconds taken
+    po.max_batch_size      the line's prediction of the largest batch that keeps 10% of the device's
+                           memory free, the size it verified with real steps (the largest whose peak
+                           stayed within 90%), its probes; seconds taken
     true limit             the largest batch a real training step (two steps, the second one's
                            allocator state being the steady one) runs at without running out of
-                           memory: doubling from the loader's batch, then bisection to 2%
+                           memory: doubling from the loader's batch, then bisection to 2%; each probe
+                           starts from a released allocator cache (``peak_bytes``), so its peak is
+                           its own and not an earlier, larger probe's
     AutoBatch (YOLO)       ``ultralytics.utils.autobatch.autobatch`` at its default fraction of free
                            memory (0.6), and at 0.9 (the same headroom as ``max_batch_size``)
 
@@ -98,8 +101,10 @@ def yolo(sizes: Sizes, device: torch.device) -> Workload:
 def true_limit(work: Workload, build: Callable[[int], Any], start: int, device: torch.device, sizes: Sizes,
                deadline: H.Deadline, memory: Any = None) -> dict[str, Any]:
     """The largest batch whose two real steps run without running out of memory, and the smallest that
-    did not (None when ``max_batch`` ran or the time ran out first). ``memory``: the readings
-    (default ``torch.cuda`` on ``device``; a fake allocator in the CPU tests)."""
+    did not (None when ``max_batch`` ran or the time ran out first). Each probe goes through
+    :func:`~pipeline_opt.profile.batch_size.peak_bytes`, which releases the allocator's cache first, so
+    the peaks recorded are each size's own. ``memory``: the readings (default ``torch.cuda`` on
+    ``device``; a fake allocator in the CPU tests)."""
     from pipeline_opt._step import ModelStateGuard
     from pipeline_opt.profile.batch_size import peak_bytes
     from pipeline_opt.profile.memory import CudaMemory
@@ -183,8 +188,7 @@ def measure(work: Workload, sizes: Sizes, device: torch.device, deadline: H.Dead
     true = limit["fits"]
     if true:
         summary["max_batch_size_predicted_vs_true_limit"] = advice.predicted / true
-        if advice.verified:
-            summary["max_batch_size_verified_vs_true_limit"] = advice.verified / true
+        summary["max_batch_size_verified_vs_true_limit"] = advice.verified / true if advice.verified else None
         for fraction in ("0.6", "0.9"):
             value = summary.get("autobatch", {}).get(fraction)
             if isinstance(value, int):

@@ -16,14 +16,8 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
     trainer, CPU augmentation                  attach(gpu_augment=False): ultralytics as built
     trainer, GPU HSV/flip                      attach(gpu_augment="force")
     trainer, GPU HSV/flip + shared slots       attach(gpu_augment="force", shared_slots="force")
-    ..., channel-first workers                 the same, with the workers' Format copying each image into
-                                               channel-first RGB as ultralytics does (before the
-                                               channel-last delivery: WorkerOptions(channel_last=False))
     trainer, GPU HSV/flip/warp + shared slots  attach(gpu_augment="force", gpu_affine="force",
-                                               shared_slots="force"); the workers' Mosaic builds only the
-                                               window of its canvas that the silenced warp keeps
-    ..., full Mosaic canvas                    the same, with the workers' Mosaic building its whole
-                                               canvas as ultralytics does (WorkerOptions(mosaic_window=False))
+                                               shared_slots="force"); the workers only crop the Mosaic canvas
     ..., cache='ram'                           the warp row with train(cache="ram"): ultralytics decodes
                                                every image once, before training, and the workers read
                                                them from memory (what the profile report recommends
@@ -63,25 +57,16 @@ ROWS: dict[str, dict[str, Any]] = {
     LIMIT_ROW: {"gpu_augment": False, "replay": True},
     "trainer, CPU augmentation": {"gpu_augment": False},
     "trainer, GPU HSV/flip": {"gpu_augment": "force"},
-    "trainer, GPU HSV/flip, images stacked in ordinary memory": {"gpu_augment": "force",
-                                                                 "shared_image_collate": False},
     "trainer, GPU HSV/flip + shared slots": {"gpu_augment": "force", "shared_slots": "force"},
-    "trainer, GPU HSV/flip + shared slots, channel-first workers": {"gpu_augment": "force", "shared_slots": "force",
-                                                                    "device_layout": False},
     "trainer, GPU HSV/flip/warp + shared slots": {"gpu_augment": "force", "gpu_affine": "force",
                                                   "shared_slots": "force"},
-    "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas": {"gpu_augment": "force", "gpu_affine": "force",
-                                                                      "shared_slots": "force", "mosaic_window": False},
     "trainer, GPU HSV/flip/warp + shared slots, cache='ram'": {"gpu_augment": "force", "gpu_affine": "force",
                                                                "shared_slots": "force", "cache": "ram"},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
-CHANNEL_FIRST_ROW = "trainer, GPU HSV/flip + shared slots, channel-first workers"
 WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
-WARP_FULL_CANVAS_ROW = "trainer, GPU HSV/flip/warp + shared slots, full Mosaic canvas"
 WARP_RAM_ROW = "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"
 GPU_ROW = "trainer, GPU HSV/flip"
-GPU_COPY_ROW = "trainer, GPU HSV/flip, images stacked in ordinary memory"
 
 
 @dataclass(frozen=True)
@@ -144,7 +129,7 @@ def install_replay(trainer: Any) -> None:
 def child(args: Any) -> int:
     """One training run with the row's attach() arguments; exits 0 once the profile is saved."""
     os.environ["PERF_BENCH"] = "1"
-    from pipeline_opt.integrations.ultralytics import WorkerOptions, attach, prepare_offline_env
+    from pipeline_opt.integrations.ultralytics import attach, prepare_offline_env
 
     prepare_offline_env()
     from ultralytics import YOLO
@@ -152,15 +137,12 @@ def child(args: Any) -> int:
     work = Path(args.workdir)
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
-    worker_options = WorkerOptions(channel_last=options.pop("device_layout", True),
-                                   mosaic_window=options.pop("mosaic_window", True),
-                                   shm_images=options.pop("shared_image_collate", True))
     cache = options.pop("cache", False)  # a train() argument, not attach()'s
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
     attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=0,
-           output_dir=work / "pipeline_opt", workers=args.workers, worker_options=worker_options, **options)
+           output_dir=work / "pipeline_opt", workers=args.workers, **options)
     device = "cpu" if args.device == "cpu" else 0
     try:
         model.train(data=args.data, epochs=100, imgsz=args.imgsz, batch=args.batch, workers=args.workers,
@@ -199,7 +181,6 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
             "image_cache": summary.get("image_cache"),
-            "shared_image_collate": summary.get("shared_image_collate"),
             "train_loader": summary.get("train_loader")}
 
 
@@ -253,10 +234,7 @@ def run(args: Any) -> Path:
         "targets": {f"{row} >= 0.95x limit": None if vs_limit.get(row) is None else vs_limit[row] >= 0.95
                     for row in (SLOTS_ROW, WARP_ROW)},
         "slots_vs_gpu_augment": slots_vs_gpu,
-        "channel_last_vs_channel_first_workers": H.ratio(by.get(SLOTS_ROW), by.get(CHANNEL_FIRST_ROW)),
-        "mosaic_window_vs_full_canvas": H.ratio(by.get(WARP_ROW), by.get(WARP_FULL_CANVAS_ROW)),
         "cache_ram_vs_decoding_workers": H.ratio(by.get(WARP_RAM_ROW), by.get(WARP_ROW)),
-        "shm_stacking_vs_ordinary_memory": H.ratio(by.get(GPU_ROW), by.get(GPU_COPY_ROW)),
         "gpu_augment_vs_cpu": H.ratio(by.get(GPU_ROW), by.get("trainer, CPU augmentation")),
         "largest_spread": spread,
         # a verdict needs repeated runs: one run per row has no spread to compare with
@@ -276,8 +254,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "gpu_copy", "slots", "slots_chw", "slots_warp", "slots_warp_full", "slots_warp_ram"),
-                    ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_warp", "slots_warp_ram"), ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -320,25 +297,15 @@ def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def expected_moves(options: dict[str, Any]) -> set[str]:
     """The CPU stages a GPU row's ``attach`` options move to the device (ultralytics' defaults:
-    HSV, the horizontal flip; the warp with ``gpu_affine``, and then the Mosaic canvas's outside unless
-    ``mosaic_window`` is off; Format's copy unless ``device_layout`` is off)."""
-    from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, MOSAIC_STAGE
-
+    HSV, the horizontal flip; the warp with ``gpu_affine``)."""
     moved = {"RandomHSV", "RandomFlip(horizontal)"}
     if options.get("gpu_affine"):
         moved.add("RandomPerspective")
-        if options.get("mosaic_window", True):
-            moved.add(MOSAIC_STAGE)
-    if options.get("device_layout", True):
-        moved.add(LAYOUT_STAGE)
     return moved
 
 
 FEATURES = {  # feature -> (the row with it, the same row without it)
     "shared slots": (SLOTS_ROW, GPU_ROW),
-    "channel-last hand-over": (SLOTS_ROW, CHANNEL_FIRST_ROW),
-    "Mosaic window": (WARP_ROW, WARP_FULL_CANVAS_ROW),
-    "SharedImageCollate": (GPU_ROW, GPU_COPY_ROW),
 }
 
 

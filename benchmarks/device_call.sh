@@ -32,7 +32,7 @@ for step in "$@"; do
     # the workers' CPU per stage and a DataLoader's images/s (no GPU used); PO_STAGES_ARGS replaces the defaults
     worker-stages) # shellcheck disable=SC2086
                   timeout -k 10 "${PO_STAGES_LIMIT_S:-300}" python3 -m benchmarks.yolo_worker_stages \
-                    --out "$BENCH_DIR/worker_stages" ${PO_STAGES_ARGS:---variants window,full --loader-batches 30 --workers 8} \
+                    --out "$BENCH_DIR/worker_stages" ${PO_STAGES_ARGS:---loader-batches 30 --workers 8} \
                     > "$OUT/worker_stages.log" 2>&1; echo "worker stages rc=$?"; tail -n 20 "$OUT/worker_stages.log" ;;
     *) benches+=("$step") ;;
   esac

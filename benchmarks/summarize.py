@@ -34,6 +34,7 @@ from benchmarks import harness as H  # noqa: E402
 
 RESULTS_DIR = H.REPO_ROOT / "benchmarks" / "results"
 DEFAULT_OUT = H.REPO_ROOT / "benchmarks" / "RESULTS.md"
+COMMIT_NOTE = "COMMIT_NOTE.md"  # a run folder's note, quoted in RESULTS.md under its table
 README_LINK_PREFIX = "benchmarks/results/"  # the headline table's links, as seen from the repository root
 
 # What each benchmark measures, one line (benchmarks/README.md has the details).
@@ -213,8 +214,19 @@ def run_block(run: Run, link: str) -> list[str]:
     notes = H.markdown_notes(summary)
     if notes:
         out += ["", *notes]
+    out += _commit_note(run.folder)
     out.append("")
     return out
+
+
+def _commit_note(folder: Path) -> list[str]:
+    """The run folder's ``COMMIT_NOTE.md`` (what a missed target's trace showed, what a run's
+    numbers do not say by themselves), quoted under its table; nothing when there is none."""
+    path = folder / COMMIT_NOTE
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8").strip()
+    return ["", *(f"> {line}".rstrip() for line in text.splitlines())] if text else []
 
 
 def _stages_table(result: dict[str, Any]) -> list[str]:
@@ -251,6 +263,10 @@ class HeadlineSpec:
 HEADLINES = (
     HeadlineSpec("ResNet-50, JPEG folder (Resize, ToTensor, Normalize): `po.autotune` vs `num_workers=4`",
                  "bench_classification", "default (nw=4, CPU transforms)", "autotune",
+                 "limit (device-resident replay)"),
+    HeadlineSpec("ResNet-50, JPEG folder, random training Compose (RandomResizedCrop, flip, ToTensor, Normalize): "
+                 "`po.autotune` vs `num_workers=4`",
+                 "bench_classification_train", "default (nw=4, CPU transforms)", "autotune",
                  "limit (device-resident replay)"),
     HeadlineSpec("YOLO11n `model.train`: `attach` GPU HSV/flip vs CPU augmentation",
                  "bench_yolo_trainer", "trainer, CPU augmentation", "trainer, GPU HSV/flip",

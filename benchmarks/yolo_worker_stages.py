@@ -2,26 +2,19 @@
 
 The trainer-free YOLO pipeline (``gpu_augment="force", gpu_affine="force"``, batch 64, 640 px, synthetic
 640x480 JPEGs: ``--images``, 2048 by default as in ``bench_yolo_trainer``) is built in a child process
-per run, and ``dataset[i]`` plus each stage is timed over ``--samples`` samples after a warm-up.
-Variants, run alternately ``--runs`` times each:
+per run (``--runs`` runs), and ``dataset[i]`` plus each stage is timed over ``--samples`` samples after
+a warm-up.
 
-    window   the default: Mosaic builds only the window the silenced warp keeps, channel-last Format
-    full     Mosaic builds its whole canvas (``WorkerOptions(mosaic_window=False)``)
-    chw      Format copies each image into channel-first RGB (``WorkerOptions(channel_last=False)``)
-    copy     the workers stack each batch's images into ordinary memory, which the DataLoader then
-             copies into shared memory to send them (``WorkerOptions(shm_images=False)``);
-             only the DataLoader rate can tell it from ``window``
-
-    python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--variants window,full]
-        [--loader-batches 30 --workers 2]
+    python -m benchmarks.yolo_worker_stages --out DIR [--samples 1000] [--runs 3] [--loader-batches 30 --workers 2]
 
 With ``--loader-batches N`` each run also iterates the same pipeline's DataLoader with ``--workers``
 worker processes (batch 64, no model, no device copy) and records the images per second it delivers
 over ``N`` batches after ``--loader-warmup`` batches.
 
-Writes ``DIR/yolo_worker_stages.json`` (ms per sample per stage and run, host CPU, versions) and prints a
-Markdown table of the medians. A CPU-side measurement: it says where a worker's time goes and what the
-workers deliver, not what the trainer gains (``bench_yolo_trainer`` measures that).
+Writes ``DIR/yolo_worker_stages.json`` (ms per sample per stage and run, host CPU, versions; runs and
+medians under the pipeline's name, ``default``) and prints a Markdown table of the medians. A CPU-side
+measurement: it says where a worker's time goes and what the workers deliver, not what the trainer
+gains (``bench_yolo_trainer`` measures that).
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("window", "full", "chw", "copy")
+PIPELINE = "default"  # the name the runs and medians are recorded under
 WARMUP = 300  # samples before timing: every worker-side cache and the Mosaic buffer filled
 
 
@@ -64,20 +57,17 @@ def loader_rate(data: str, workers: int, batches: int, warmup: int) -> float:
         pipe.close()
 
 
-def child(variant: str, samples: int, images: int = 2048, loader: tuple[int, int, int] = (0, 0, 0)) -> dict[str, float]:
-    """One run of ``variant``: ms per sample for ``getitem``, ``load_image`` and each stage; with
-    ``loader`` = ``(workers, batches, warmup)`` and batches > 0, ``loader_img_s`` too."""
+def child(samples: int, images: int = 2048, loader: tuple[int, int, int] = (0, 0, 0)) -> dict[str, float]:
+    """One run: ms per sample for ``getitem``, ``load_image`` and each stage; with ``loader`` =
+    ``(workers, batches, warmup)`` and batches > 0, ``loader_img_s`` too."""
     import cv2
 
     from pipeline_opt.datasets import make_yolo_dataset
-    from pipeline_opt.integrations.ultralytics import WorkerOptions, build_yolo_pipeline
+    from pipeline_opt.integrations.ultralytics import build_yolo_pipeline
 
     cv2.setNumThreads(0)  # as in a DataLoader worker
-    options = WorkerOptions(mosaic_window=variant != "full", channel_last=variant != "chw",
-                            shm_images=variant != "copy")
     data = make_yolo_dataset(n_train=images, n_val=8, size=(640, 480), seed=0)
-    pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force",
-                               worker_options=options)
+    pipe = build_yolo_pipeline(data, batch=64, workers=0, device="cpu", gpu_augment="force", gpu_affine="force")
     times: dict[str, float] = collections.defaultdict(float)
 
     def timed(fn, name):
@@ -118,34 +108,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--images", type=int, default=2048)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--variants", default="window,full")
     p.add_argument("--loader-batches", type=int, default=0)
     p.add_argument("--loader-warmup", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         loader = (args.workers, args.loader_batches, args.loader_warmup)
-        print(json.dumps(child(args.child, args.samples, args.images, loader)))
+        print(json.dumps(child(args.samples, args.images, loader)))
         return 0
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown or not variants:
-        raise SystemExit(f"--variants {args.variants!r}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     from benchmarks import harness as H
-    from pipeline_opt.tune.ab import interleave
 
-    def measure(v: str) -> dict[str, float]:
+    def measure() -> dict[str, float]:
         out = subprocess.run([sys.executable, "-m", "benchmarks.yolo_worker_stages", "--out", str(args.out),
-                              "--samples", str(args.samples), "--images", str(args.images), "--child", v,
+                              "--samples", str(args.samples), "--images", str(args.images), "--child",
                               "--loader-batches", str(args.loader_batches),
                               "--loader-warmup", str(args.loader_warmup), "--workers", str(args.workers)],
                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
         if out.returncode:
-            raise SystemExit(f"variant {v!r} failed (exit status {out.returncode}):\n{out.stderr[-3000:]}")
+            raise SystemExit(f"the run failed (exit status {out.returncode}):\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    runs, _ = interleave(variants, args.runs, measure)  # the order alternates between rounds
+    runs = {PIPELINE: [measure() for _ in range(args.runs)]}
     stages = sorted({k for rs in runs.values() for run in rs for k in run},
                     key=lambda k: (k != "loader_img_s", k != "getitem", k))
     medians = {v: {k: statistics.median(run.get(k, 0.0) for run in rs) for k in stages} for v, rs in runs.items()}
@@ -154,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "warmup": args.loader_warmup}, "runs": runs, "medians_ms": medians, "env": H.environment(),
               "commit": os.environ.get("PO_COMMIT", "unknown")}
     (args.out / "yolo_worker_stages.json").write_text(json.dumps(record, indent=2))
-    lines = [f"| stage (ms/sample; loader_img_s: images/s; median of {args.runs}) | {' | '.join(variants)} |",
-             "|---|" + "---:|" * len(variants)]
-    lines += [f"| {k} | " + " | ".join(f"{medians[v][k]:.2f}" for v in variants) + " |" for k in stages]
+    lines = [f"| stage (ms/sample; loader_img_s: images/s; median of {args.runs}) | {PIPELINE} |", "|---|---:|"]
+    lines += [f"| {k} | {medians[PIPELINE][k]:.2f} |" for k in stages]
     print("\n".join(lines))
     return 0
 

@@ -67,6 +67,8 @@ def _synthetic_results(root: Path) -> Path:
 
 def test_generator_writes_one_table_per_run_with_ratios_dashes_and_links(tmp_path):
     results = _synthetic_results(tmp_path)
+    (results / "20260102-bbbbbbb" / "COMMIT_NOTE.md").write_text(
+        "autotune missed 8x: the trace shows\n\n- 31% data wait\n")
     out = tmp_path / "benchmarks" / "RESULTS.md"
     assert S.main(["--out", str(out), "--results", str(results)]) == 0
     text = out.read_text()
@@ -84,6 +86,10 @@ def test_generator_writes_one_table_per_run_with_ratios_dashes_and_links(tmp_pat
         in classification
     assert "autotune_vs_default 6.00" in classification and "x_vs_y" not in classification  # logs left out
     assert "- autotune >= 8x default: **missed**" in classification
+    # a run folder's note is quoted under its own table, and only there
+    note = "> autotune missed 8x: the trace shows\n>\n> - 31% data wait\n"
+    assert classification.count(note) == 1
+    assert classification.index("[20260102-bbbbbbb]") < classification.index(note)
     # the older schema: whatever is missing reads "-"
     assert "- · - usable cores · commit `-` · 2026-01-01" in classification
     assert "| autotune | 321.0 | -..- | - | - | - |" in classification

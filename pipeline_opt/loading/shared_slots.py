@@ -52,12 +52,8 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import image_key
-from pipeline_opt.integrations.ultralytics._collate import (
-    collate_around,
-    find_collate,
-    is_ultralytics_collate,
-    stackable_images,
-)
+from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, stackable_images
+from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
 
@@ -375,7 +371,7 @@ class SlotCollate:
         if not slots.owner:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return self.collate_fn(samples)
-        if is_ultralytics_collate(self.collate_fn):
+        if is_ultralytics_collate_fn(self.collate_fn):
             placed = self._stack_ultralytics(samples, slots)
             if placed is not None:
                 return self._send(*placed, slots)

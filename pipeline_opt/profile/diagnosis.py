@@ -223,9 +223,11 @@ def _collate_recommendations(m: Measurements) -> list[str]:
     if m.unshared_batch_bytes < UNSHARED_BATCH_BYTES:
         return []
     return [f"the collate function returns {m.unshared_batch_bytes / (1 << 20):.0f} MiB per batch in ordinary memory, "
-            "which every worker then copies into shared memory to send: stack the large tensors with "
-            "torch.utils.data.default_collate(list_of_tensors) instead of torch.stack (in a worker it allocates "
-            "the batch in shared memory), or deliver through shared slots (po.autotune(..., shared_slots=True))"]
+            "which every worker then copies into shared memory to send: deliver through shared slots "
+            "(po.autotune(..., shared_slots=True); attach(..., shared_slots=True) for ultralytics), or stack the "
+            "large tensors with torch.utils.data.default_collate(list_of_tensors) instead of torch.stack (in a "
+            "worker it allocates the batch in shared memory, which saves the copy but measured no gain beyond the "
+            "noise on an ultralytics trainer)"]
 
 
 def _transform_recommendations(m: Measurements) -> list[str]:

@@ -22,7 +22,11 @@ GiB = float(1 << 30)
 
 
 class MemoryBackend(Protocol):
-    """What :class:`MemoryMeter` reads (``torch.cuda`` on a device; a fake in tests)."""
+    """What :class:`MemoryMeter` reads (``torch.cuda`` on a device; a fake in tests).
+
+    A backend may also have ``release()``: hand the allocator's cached (reserved but unallocated)
+    memory back. :func:`pipeline_opt.profile.batch_size.peak_bytes` calls it before each measurement
+    when it exists, because resetting the peak keeps the cache in the reserved peak."""
 
     def reset_peak(self) -> None: ...
 
@@ -45,6 +49,10 @@ class CudaMemory:
 
     def total(self) -> int:
         return int(torch.cuda.get_device_properties(self.device).total_memory)
+
+    def release(self) -> None:
+        """Hand the caching allocator's unused segments back to the driver (``torch.cuda.empty_cache``)."""
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,11 @@ class RandomGpuPlan:
         return RandomGpuPipeline(self.sampler(), device=device, then=then)
 
     def build(self, loader: Any, device: torch.device | str, overrides: dict[str, Any] | None = None, *,
-              prepare_in_thread: bool = False) -> Any:
+              prepare_in_thread: bool = True) -> Any:
         """A ``DeviceLoader`` replaying on ``device`` around a clone of ``loader`` with ``overrides``
-        (num_workers, pin_memory, persistent_workers, prefetch_factor...); ``prepare_in_thread``
-        decodes and replays in a background thread (``DeviceLoader(prepare_in_thread=True)``)."""
+        (num_workers, pin_memory, persistent_workers, prefetch_factor...); ``prepare_in_thread`` (the
+        default) decodes and replays in a background thread while the step runs
+        (``DeviceLoader(prepare_in_thread=True)``); ``False`` does it in the training loop."""
         from pipeline_opt.loader_clone import clone_loader
         from pipeline_opt.loading.device_loader import DeviceLoader
 

@@ -218,8 +218,11 @@ def standard_pipelines() -> dict[str, Any]:
     }
 
 
-def _time_stage(dataset: Any, device: torch.device, batch_size: int, repeats: int) -> tuple[float, float]:
-    """(median seconds per batch of the device stage, median seconds per image of the CPU pipeline, one thread)."""
+def _time_stage(dataset: Any, device: torch.device, batch_size: int,
+                repeats: int) -> tuple[float, float, float]:
+    """(median seconds per batch of the device stage, median host CPU seconds the calling thread spent
+    on it per batch, median seconds per image of the CPU pipeline on one thread). The host CPU time is
+    what a preparing thread holds (much of it under the GIL) beside the training loop."""
     import time
 
     from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
@@ -228,25 +231,28 @@ def _time_stage(dataset: Any, device: torch.device, batch_size: int, repeats: in
     replay = ReplayDataset.from_image_folder(dataset)
     stage = RandomGpuPipeline(replay.sampler, device=device)
     batch = replay_collate([replay[i % len(replay)] for i in range(batch_size)])
-    times = []
+    times, host = [], []
     for _ in range(repeats + 1):
+        c0 = time.thread_time()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             stage(batch)
             end.record()
+            host.append(time.thread_time() - c0)
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
             stage(batch)
             times.append(time.perf_counter() - t0)
+            host.append(time.thread_time() - c0)
     cpu = []
     for i in range(min(len(dataset), 16)):
         t0 = time.perf_counter()
         dataset[i]
         cpu.append(time.perf_counter() - t0)
-    return float(np.median(times[1:])), float(np.median(cpu))
+    return float(np.median(times[1:])), float(np.median(host[1:])), float(np.median(cpu))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,11 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, compose in standard_pipelines().items():
             ds = ImageFolder(str(root), transform=compose)
             parity = measure_replay_error(ds, n=args.n, seed=0, device=device)
-            per_batch, per_image = _time_stage(ds, device, args.batch, repeats=5)
+            per_batch, host, per_image = _time_stage(ds, device, args.batch, repeats=5)
             sys.stdout.write(f"\n== {name}\n{parity.table()}\n")
             sys.stdout.write(f"device stage: {per_batch * 1e3:.1f} ms per batch of {args.batch} "
-                             f"({args.batch / per_batch:.0f} img/s) on {device}; CPU pipeline "
-                             f"{per_image * 1e3:.1f} ms per image on one thread\n")
+                             f"({args.batch / per_batch:.0f} img/s) on {device}, {host * 1e3:.1f} ms of it host CPU "
+                             f"in the calling thread; CPU pipeline {per_image * 1e3:.1f} ms per image on one thread\n")
     return 0
 
 

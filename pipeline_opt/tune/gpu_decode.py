@@ -34,8 +34,8 @@ class NvjpegDecode:
     samples: tuple[tuple[str, Any], ...]
 
     def build(self, loader: DataLoader, device: torch.device, overrides: dict[str, Any], *,
-              prepare_in_thread: bool = False) -> Any:
-        """A DeviceLoader decoding on ``device`` (in a background thread with ``prepare_in_thread``)
+              prepare_in_thread: bool = True) -> Any:
+        """A DeviceLoader decoding on ``device`` (in a background thread unless ``prepare_in_thread=False``)
         around a clone of ``loader`` with ``overrides``."""
         from pipeline_opt.loader_clone import clone_loader
         from pipeline_opt.loading import DeviceLoader

@@ -96,11 +96,11 @@ class TuneResult:
             out["decode"] = ("JPEG decoding + your random augmentations replayed on the GPU (the same draws): "
                              "`plan, why = pipeline_opt.transforms.plan_random_gpu_pipeline(loader)`, then "
                              "`loader = plan.build(loader, device, dataloader_kwargs"
-                             + (", prepare_in_thread=True" if cfg.get("decode_thread") else "") + ")`")
+                             + ("" if cfg.get("decode_thread") else ", prepare_in_thread=False") + ")`")
         elif decode == "nvjpeg":
             out["decode"] = ("JPEG decoding on the GPU (nvJPEG): `pipeline_opt.transforms.gpu_jpeg_loader(dataset, "
                              "pipeline_opt.transforms.GpuJpegDecoder(size, mean=..., std=..., crop=...), "
-                             + ("prepare_in_thread=True, " if cfg.get("decode_thread") else "")
+                             + ("" if cfg.get("decode_thread") else "prepare_in_thread=False, ")
                              + "**dataloader_kwargs)` with your Resize / CenterCrop / Normalize values")
         if cfg.get("shared_slots"):
             out["shared_slots"] = ("image tensors through reused page-locked slots: `loader = "

@@ -430,6 +430,11 @@ class Search:
             self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
                       f"{_pct(self.median(self.incumbent) / max(self.median(self.baseline), 1e-12) - 1.0)} over the "
                       "baseline, far beyond any noise")
+            if all(m.from_profile for m in self.history.get(self.baseline, [])):
+                # the claimed speedup's denominator: the profile measured the baseline with a profiler
+                # in every worker, which slows CPU-bound workers, so the claim would overstate the gain
+                self._repeat(self.baseline, "the baseline measured without the profiler, as the claimed "
+                                            "speedup's denominator")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):

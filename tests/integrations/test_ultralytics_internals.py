@@ -56,7 +56,6 @@ def test_attach_on_an_untested_version_warns_with_the_version_and_only_profiles(
         integration = po_yolo.attach(_Model(), tune=True, gpu_augment=True, gpu_affine=True, shared_slots=True)
     opts = integration.options
     assert opts.profile and not opts.tune and not opts.gpu_augment and not opts.gpu_affine and not opts.shared_slots
-    assert opts.worker_options == po_yolo.WorkerOptions(channel_last=False, mosaic_window=False, shm_images=False)
 
 
 def test_attach_on_the_tested_version_keeps_the_options():
@@ -64,12 +63,6 @@ def test_attach_on_the_tested_version_keeps_the_options():
         warnings.simplefilter("error", RuntimeWarning)
         integration = po_yolo.attach(_Model(), gpu_affine=True)
     assert integration.options.tune and integration.options.gpu_affine
-    assert integration.options.worker_options == po_yolo.WorkerOptions()
-
-
-def test_worker_options_validate():
-    with pytest.raises(TypeError, match="WorkerOptions.mosaic_window=1 must be True or False"):
-        po_yolo.WorkerOptions(mosaic_window=1)
 
 
 def test_former_internal_exports_still_import_with_a_deprecation_warning():

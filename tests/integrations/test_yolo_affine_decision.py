@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pipeline_opt.integrations.ultralytics import build_yolo_pipeline, decide_yolo_augment, tune_yolo
-from pipeline_opt.integrations.ultralytics._augment import (
-    LAYOUT_STAGE,
-    MOSAIC_STAGE,
-    active_cpu_stages,
-    iter_transforms,
-)
+from pipeline_opt.integrations.ultralytics._augment import active_cpu_stages, iter_transforms
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.integrations.ultralytics._decide import AugmentDecision, AugmentSwitch
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult
 
 COLOUR = ["RandomHSV", "RandomFlip(horizontal)"]
-MOVED = (*COLOUR, LAYOUT_STAGE)  # what the colour/flip decision moves: the stages and Format's copy
 ALL = ["RandomPerspective", *COLOUR]  # in the transforms' order
 
 
@@ -79,8 +73,7 @@ def test_a_warp_that_wins_moves_to_the_device_after_the_colour_decision(pipe):
     assert warp.applied and warp.subject == "gpu_affine" and warp.gain == pytest.approx(160 / 130 - 1)
     assert (warp.cpu_throughput, warp.gpu_throughput) == (pytest.approx(130.0), pytest.approx(160.0))
     assert "GPU warp kept" in warp.verdict and "GPU colour/flip + warp 160.0 vs GPU colour/flip 130.0" in warp.verdict
-    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*MOVED, "RandomPerspective",
-                                                                                              MOSAIC_STAGE)
+    assert pipe.gpu_affine_active and pipe.augment.warps and pipe.cpu_stages_disabled == (*COLOUR, "RandomPerspective")
     assert active_cpu_stages(pipe.dataset, affine=True) == []
     assert decide_yolo_augment(pipe, measure=fake) is colour and len(fake.seen) == 8  # decided once
 
@@ -95,10 +88,8 @@ def test_a_warp_that_loses_gives_the_workers_their_warp_back(pipe):
     assert pipe.gpu_augment_active and not pipe.gpu_affine_active and not pipe.augment.warps
     assert (perspective.translate, perspective.scale) == gains and gains != (0.0, 0.0)
     assert "apply_image" not in vars(perspective)  # the class's warp again, not the crop
-    mosaic = next(t for t in iter_transforms(pipe.dataset.transforms) if type(t).__name__ == "Mosaic")
-    assert "apply_image" not in vars(mosaic)  # and the whole Mosaic canvas for it
     assert active_cpu_stages(pipe.dataset, affine=True) == ["RandomPerspective"]
-    assert pipe.cpu_stages_disabled == MOVED
+    assert pipe.cpu_stages_disabled == tuple(COLOUR)
 
 
 def test_the_warp_is_not_tried_when_the_colour_stays_on_the_cpu(pipe):

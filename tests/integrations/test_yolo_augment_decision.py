@@ -10,13 +10,12 @@ from pipeline_opt.integrations.ultralytics import (
     decide_yolo_augment,
     tune_yolo,
 )
-from pipeline_opt.integrations.ultralytics._augment import LAYOUT_STAGE, active_cpu_stages
+from pipeline_opt.integrations.ultralytics._augment import active_cpu_stages
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import TuneResult
 
 CPU_STAGES = ["RandomHSV", "RandomFlip(horizontal)"]
-MOVED = (*CPU_STAGES, LAYOUT_STAGE)  # what the GPU augmentation moves: the stages and Format's copy
 
 
 class FakeMeasure:
@@ -63,7 +62,7 @@ def _hsv_flip(dataset):
 
 
 def test_gpu_augment_that_loses_restores_the_cpu_stages(pipe):
-    assert pipe.gpu_augment_active and pipe.cpu_stages_disabled == MOVED  # a candidate after build
+    assert pipe.gpu_augment_active and pipe.cpu_stages_disabled == tuple(CPU_STAGES)  # a candidate after build
     fake = FakeMeasure(cpu=100.0, gpu=80.0, dataset=pipe.dataset)
     decision = decide_yolo_augment(pipe, measure=fake)
     assert [gpu for gpu, _ in fake.seen] == [False, True, False, True]  # interleaved A B A B
@@ -86,7 +85,7 @@ def test_gpu_augment_that_wins_beyond_the_noise_is_applied(pipe):
     assert decision.applied and decision.gain == pytest.approx(0.25)
     assert "GPU augmentation kept" in decision.verdict
     assert active_cpu_stages(pipe.dataset) == [] and pipe.step_fn.augment is pipe.augment
-    assert pipe.cpu_stages_disabled == MOVED
+    assert pipe.cpu_stages_disabled == tuple(CPU_STAGES)
     assert decision.to_dict()["gpu_throughput"] == pytest.approx(125.0)
 
 

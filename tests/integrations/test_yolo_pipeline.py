@@ -15,8 +15,6 @@ from pipeline_opt.integrations.ultralytics import (
     profile_yolo,
 )
 from pipeline_opt.integrations.ultralytics._augment import (
-    LAYOUT_STAGE,
-    DisabledStages,
     GpuAugmentedPreprocess,
     active_cpu_stages,
     disable_cpu_augment,
@@ -140,62 +138,11 @@ def test_a_silenced_affine_crops_the_mosaic_exactly_as_ultralytics_warps_it(yolo
         pipe.close()
 
 
-@pytest.mark.parametrize("bgr", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("affine", [False, True])
-def test_channel_last_delivery_gives_the_step_the_same_images(yolo_data, replayable, bgr, affine):
-    """Format's channel-first RGB copy moved to the device: same batches, bit for bit, any ``bgr``."""
-    from ultralytics.data.augment import Format
-
-    from pipeline_opt.integrations.ultralytics._augment import DeviceLayoutFormat, restore_cpu_augment
-    from pipeline_opt.integrations.ultralytics._step import images_to_device, preprocess_images
-
-    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=0, device="cpu")
-    try:
-        ds = pipe.dataset
-        fmt = next(t for t in iter_transforms(ds.transforms) if isinstance(t, Format))
-        fmt.bgr = bgr
-        samples = replayable(ds)
-        disabled = disable_cpu_augment(ds, affine=affine)
-        layout = DisabledStages(tuple(s for s in disabled.stages if s[0] == LAYOUT_STAGE))
-        assert layout.names == (LAYOUT_STAGE,) and isinstance(fmt.__dict__["_format_img"], DeviceLayoutFormat)
-        assert disable_cpu_augment(ds, affine=affine).names == ()  # installed once
-        moved = ds.collate_fn(samples())
-        assert moved["img"].shape == (6, 64, 64, 3) and moved["img"].dtype == torch.uint8
-        assert restore_cpu_augment(ds, layout) == [LAYOUT_STAGE]
-        assert "_format_img" not in fmt.__dict__
-        kept = ds.collate_fn(samples())  # the same stages silenced, Format as ultralytics built it
-        assert kept["img"].shape == (6, 3, 64, 64)
-        assert torch.equal(images_to_device(moved, torch.device("cpu"))["img"], kept["img"])
-        assert torch.equal(preprocess_images(dict(moved), torch.device("cpu"))["img"], kept["img"].float() / 255)
-        assert torch.equal(moved["bboxes"], kept["bboxes"]) and torch.equal(moved["batch_idx"], kept["batch_idx"])
-        assert images_to_device(kept, torch.device("cpu"))["img"] is kept["img"]  # channel-first stays as it is
-    finally:
-        pipe.close()
-
-
-def test_channel_last_delivery_leaves_other_channel_counts_to_format():
-    import numpy as np
-    from ultralytics.data.augment import Format
-
-    from pipeline_opt.integrations.ultralytics._augment import DeviceLayoutFormat
-    from pipeline_opt.integrations.ultralytics._step import delivered_channel_last
-
-    fmt = Format()
-    layout = DeviceLayoutFormat(fmt)
-    rng = np.random.default_rng(0)
-    for shape, want in (((40, 32), (1, 40, 32)), ((40, 32, 1), (1, 40, 32)), ((40, 32, 4), (4, 40, 32))):
-        assert tuple(layout(rng.integers(0, 256, size=shape, dtype=np.uint8)).shape) == want
-    img = rng.integers(0, 256, size=(40, 32, 3), dtype=np.uint8)
-    assert tuple(layout(img).shape) == (40, 32, 3)
-    assert delivered_channel_last(torch.zeros(2, 40, 32, 3)) and not delivered_channel_last(torch.zeros(2, 3, 40, 32))
-    assert not delivered_channel_last(torch.zeros(2, 4, 40, 32)) and not delivered_channel_last(torch.zeros(40, 32, 3))
-
-
 def test_trainer_free_pipeline_profiles_ultralytics_workers(yolo_data):
     pipe = build_yolo_pipeline(yolo_data, imgsz=32, batch=4, workers=1, device="cpu", gpu_augment=True)
     try:
         assert isinstance(pipe.loader, InfiniteDataLoader) and pipe.loader.num_workers == 1
-        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)", LAYOUT_STAGE}
+        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)"}
         assert active_cpu_stages(pipe.dataset) == []
         tuned = rebuild_loader(pipe.loader, {"num_workers": 1, "pin_memory": False, "prefetch_factor": 1})
         assert type(tuned) is InfiniteDataLoader and tuned.dataset is pipe.dataset
@@ -318,23 +265,21 @@ def test_decode_advice_recognises_an_ultralytics_training_set_and_its_cache(yolo
         cached.close()
 
 
-def test_the_pipelines_workers_stack_images_into_shared_memory_and_deliver_the_same_batches(yolo_data):
-    """ultralytics seeds its loader and workers: the same batches with and without SharedImageCollate."""
-    from pipeline_opt.integrations.ultralytics import WorkerOptions
-    from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
+def test_the_gpu_augmentation_leaves_mosaic_format_and_the_collate_function_as_ultralytics_built_them(yolo_data):
+    """Only the silenced stages change: the workers hand over ultralytics' own channel-first RGB batches."""
+    from ultralytics.data.augment import Format, Mosaic
 
-    def batches(shared):
-        pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=2, device="cpu", gpu_augment="force",
-                                   gpu_affine="force", worker_options=WorkerOptions(shm_images=shared))
-        try:
-            assert isinstance(pipe.loader.collate_fn, SharedImageCollate) == shared
-            return list(pipe.loader)  # one epoch: 4 batches
-        finally:
-            pipe.close()
+    from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
 
-    want, got = batches(False), batches(True)
-    assert len(got) == len(want) == 4
-    for a, b in zip(got, want):
-        assert list(a) == list(b)
-        for k, v in b.items():
-            assert torch.equal(a[k], v) if isinstance(v, torch.Tensor) else a[k] == v, k
+    pipe = build_yolo_pipeline(yolo_data, imgsz=64, batch=4, workers=1, device="cpu", gpu_augment="force",
+                               gpu_affine="force")
+    try:
+        assert set(pipe.cpu_stages_disabled) == {"RandomHSV", "RandomFlip(horizontal)", "RandomPerspective"}
+        for t in iter_transforms(pipe.dataset.transforms):
+            if isinstance(t, (Format, Mosaic)):
+                assert not {"_format_img", "apply_image", "get_params"} & set(vars(t)), type(t).__name__
+        assert is_ultralytics_collate_fn(pipe.loader.collate_fn)
+        batch = next(iter(pipe.loader))
+        assert batch["img"].shape == (4, 3, 64, 64) and batch["img"].dtype == torch.uint8
+    finally:
+        pipe.close()

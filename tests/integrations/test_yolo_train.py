@@ -10,13 +10,10 @@ from ultralytics.data.build import InfiniteDataLoader
 
 from pipeline_opt.integrations.ultralytics import attach
 from pipeline_opt.integrations.ultralytics._augment import (
-    LAYOUT_STAGE,
-    MOSAIC_STAGE,
     GpuAugmentedPreprocess,
     active_cpu_stages,
     iter_transforms,
 )
-from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
 from pipeline_opt.loader_clone import loader_config
 from pipeline_opt.tune.measure import Measurement
 
@@ -76,7 +73,7 @@ def test_train_one_epoch_with_profile_tune_and_gpu_augment(yolo_data, tmp_path, 
     assert decision["noise"] == pytest.approx(0.01) and "GPU augmentation kept" in decision["verdict"]
     assert isinstance(trainer.preprocess_batch, GpuAugmentedPreprocess)
     assert active_cpu_stages(trainer.train_loader.dataset) == []
-    assert {s["name"] for s in run.disabled} == {"RandomHSV", "RandomFlip(horizontal)", LAYOUT_STAGE}
+    assert {s["name"] for s in run.disabled} == {"RandomHSV", "RandomFlip(horizontal)"}
     assert trainer.args.hsv_s == pytest.approx(0.7) and trainer.args.fliplr == pytest.approx(0.5)  # args untouched
     assert run.augment.calls >= len(trainer.train_loader)  # 4 training batches, plus the tuner's steps
     assert summary["gpu_augment"]["cpu_stages_still_active"] == []
@@ -149,13 +146,13 @@ def test_a_warp_that_wins_is_trained_with(yolo_data, tmp_path, no_network, train
     assert isinstance(trainer.preprocess_batch, GpuAugmentedPreprocess) and run.augment.augment.warps
     assert active_cpu_stages(trainer.train_loader.dataset, affine=True) == []
     assert run.augment.calls >= len(trainer.train_loader)  # trained through the warping step
-    assert MOSAIC_STAGE in {s["name"] for s in run.disabled}
-    assert isinstance(trainer.train_loader.collate_fn, SharedImageCollate)  # images stacked into shared memory
-    (mosaic,) = [t for t in iter_transforms(trainer.train_loader.dataset.transforms) if type(t).__name__ == "Mosaic"]
-    assert mosaic.apply_image.windows >= len(trainer.train_loader.dataset)  # the workers (here: 0) built windows
+    assert {s["name"] for s in run.disabled} == {"RandomHSV", "RandomFlip(horizontal)", "RandomPerspective"}
+    (warp,) = [t for t in iter_transforms(trainer.train_loader.dataset.transforms)
+               if type(t).__name__ == "RandomPerspective"]
+    assert warp.apply_image.crops >= len(trainer.train_loader.dataset)  # the workers (here: 0) cropped the canvas
     assert trainer.args.degrees == 0.0 and trainer.args.translate == pytest.approx(0.1)  # args untouched
     summary = json.loads((trainer.save_dir / "pipeline_opt" / "integration.json").read_text())
-    assert summary["shared_image_collate"] is True and summary["image_cache"] is None
+    assert summary["image_cache"] is None
     affine = summary["gpu_augment"]["affine"]
     assert affine["applied"] is True and affine["decision"]["subject"] == "gpu_affine"
     assert affine["decision"]["gpu_throughput"] == pytest.approx(160.0)
@@ -308,7 +305,7 @@ def test_cuda_training_through_shared_slots_and_gpu_augmentation(yolo_data, tmp_
     stats = loader.slot_stats()
     assert stats.slotted == stats.total >= 2 * per_epoch
     assert run.augment.calls >= 2 * per_epoch  # the device-side colour / flip / warp ran on every batch
-    assert MOSAIC_STAGE in {s["name"] for s in run.disabled}  # the workers built Mosaic windows
+    assert "RandomPerspective" in {s["name"] for s in run.disabled}  # the workers cropped the Mosaic canvas
     losses = trainer.tloss.values() if isinstance(trainer.tloss, dict) else [trainer.tloss]
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in losses)
     assert live_children() - before == set(), "worker processes left behind"

@@ -114,14 +114,9 @@ def test_unreleased_slots_fall_back_and_stay_correct():
     assert stats.slotted == 2 * 4 and stats.all_busy == 15 - 8
 
 
-@pytest.mark.parametrize("shared_images", [False, True])
-def test_ultralytics_collate_stacks_into_the_slot(shared_images):
-    """Also under SharedImageCollate: the slot is looked through to, not copied into after it."""
-    from pipeline_opt.integrations.ultralytics._collate import SharedImageCollate
-
+def test_ultralytics_collate_stacks_into_the_slot():
     ultralytics = pytest.importorskip("ultralytics.data.dataset")
     collate = ultralytics.YOLODataset.collate_fn
-    collate = SharedImageCollate(collate) if shared_images else collate
     ds = DictImages(n=24)
     want = list(_loader(dataset=ds, collate_fn=collate))
     torch.manual_seed(0)

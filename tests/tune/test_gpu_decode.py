@@ -121,3 +121,52 @@ def test_on_cuda_decoding_in_a_thread_gives_the_same_images(folder):
     plain = [x.cpu() for x, _ in builder.build(LoaderConfig(2, decode="nvjpeg"))]
     threaded = [x.cpu() for x, _ in builder.build(LoaderConfig(2, decode="nvjpeg", decode_thread=True))]
     assert len(plain) == len(threaded) and all(torch.equal(a, b) for a, b in zip(plain, threaded))
+
+
+class _RecordingSearch:
+    """The part of :class:`~pipeline_opt.tune.search.Search` the GPU-decode step uses, recording its calls."""
+
+    def __init__(self, incumbent: LoaderConfig, wins: bool) -> None:
+        from types import SimpleNamespace
+
+        self.incumbent, self.wins, self.calls = incumbent, wins, []
+        self.budget = SimpleNamespace(max_workers=8)
+
+    def try_change(self, what: str, **changes) -> bool:
+        self.calls.append(("try", what, changes))
+        if self.wins:
+            self.incumbent = self.incumbent.with_(**changes)
+        return self.wins
+
+    def tune_workers(self, what: str) -> None:
+        self.calls.append(("workers", what, {}))
+
+    def skip(self, what: str, why: str) -> None:
+        self.calls.append(("skip", what, {"why": why}))
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_the_gpu_decode_candidate_decodes_in_the_thread_in_one_trial(folder, wins):
+    from pipeline_opt.tune.api import _tune_gpu_decode
+
+    loader = _loader(folder, T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    plan, _ = plan_nvjpeg_decode(loader)
+    search = _RecordingSearch(LoaderConfig(6, gpu_transforms=("Normalize",)), wins)
+    _tune_gpu_decode(search, plan, "")
+    tries = [c for c in search.calls if c[0] == "try"]
+    assert len(tries) == 1, search.calls  # no second trial of the same decode in the training loop
+    changes = tries[0][2]
+    assert changes == {"decode": "nvjpeg", "gpu_transforms": (), "num_workers": 6, "pin_memory": True,
+                       "decode_thread": True}
+    assert "background thread" in tries[0][1]
+    assert [c[0] for c in search.calls] == (["try", "workers"] if wins else ["try"])
+    if wins:
+        assert search.incumbent.decode_thread and search.incumbent.label().endswith("nvjpeg-in-thread")
+
+
+def test_without_a_plan_the_gpu_decode_is_skipped_with_the_reason():
+    from pipeline_opt.tune.api import _tune_gpu_decode
+
+    search = _RecordingSearch(LoaderConfig(2), wins=True)
+    _tune_gpu_decode(search, None, "the Compose has a RandomRotation")
+    assert search.calls == [("skip", "nvjpeg decode", {"why": "the Compose has a RandomRotation"})]

@@ -51,9 +51,9 @@ def test_other_changes_say_how_to_apply_each():
     assert "slot_loader" in other["shared_slots"]
     nvjpeg = _result(num_workers=4, decode="nvjpeg").other_changes()
     assert list(nvjpeg) == ["decode"] and "gpu_jpeg_loader" in nvjpeg["decode"]
-    assert "prepare_in_thread" not in nvjpeg["decode"]
+    assert "prepare_in_thread=False" in nvjpeg["decode"]  # decoding in the loop is not the loader's default
     threaded = _result(num_workers=4, decode="nvjpeg", decode_thread=True).other_changes()
-    assert "gpu_jpeg_loader" in threaded["decode"] and "prepare_in_thread=True" in threaded["decode"]
+    assert "gpu_jpeg_loader" in threaded["decode"] and "prepare_in_thread" not in threaded["decode"]
     from pipeline_opt.tune.exactness import REPLAY_NAME
 
     replay = PixelChange(REPLAY_NAME, "decode", "decode=nvjpeg", 0.8, 20.0, 3)

@@ -600,3 +600,31 @@ def test_workers_that_lose_to_their_restarts_are_tried_persistent_before_the_cli
     assert s.incumbent.persistent_workers and s.incumbent.num_workers >= 1
     kept = [t for t in s.trials if t.accepted and t.config["persistent_workers"]]
     assert kept and "started once (persistent)" in kept[0].reason
+
+
+def test_a_clear_win_over_a_profiled_baseline_remeasures_the_baseline_for_the_claim():
+    # the H100 training-pipeline run: the baseline's profile (a profiler in every CPU-bound worker)
+    # read 256/s where the plain loader read ~350/s, and a clear win skipped the final check, so the
+    # claimed speedup was 8.9x where 5.1x was delivered
+    base, cand = LoaderConfig(4), LoaderConfig(15)
+    s, ev = _search(lambda c: 2000.0 if c == cand else 350.0, max_workers=16)
+    profiled = Measurement(windows=(256.0,), steps_per_window=8, batch_size=128, startup_s=0.0, elapsed_s=5.0,
+                           from_profile=True)
+    s.start(base, profiled)
+    s.calibrate(cand, "guess")
+    assert base not in ev.calls  # the clear win skipped the A B A B repeats of the baseline
+    s.confirm()
+    assert ev.calls.count(base) == 1  # measured once, plainly, for the claim
+    out = s.outcome()
+    assert out.best == cand and out.speedup == pytest.approx(2000.0 / 350.0, rel=0.03)
+    assert any("without the profiler" in t.reason for t in s.trials)
+
+
+def test_a_clear_win_over_a_baseline_already_measured_plainly_costs_no_extra_trial():
+    base, cand = LoaderConfig(4), LoaderConfig(15)
+    s, ev = _search(lambda c: 2000.0 if c == cand else 350.0, max_workers=16)
+    s.start(base)
+    s.calibrate(cand, "guess")
+    calls = list(ev.calls)
+    s.confirm()
+    assert ev.calls == calls and s.outcome().speedup == pytest.approx(2000.0 / 350.0, rel=0.03)

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below load on first use: importing a private module stays cheap
     from pipeline_opt.integrations.ultralytics._attach import attach
-    from pipeline_opt.integrations.ultralytics._augment import WorkerOptions
     from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
     from pipeline_opt.integrations.ultralytics._cli import cli_main
     from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
@@ -46,16 +45,14 @@ if TYPE_CHECKING:  # the names below load on first use: importing a private modu
     )
 
 _PUBLIC = {
-    "TESTED_RANGE": "_internals", "AttachOptions": "_callbacks", "WorkerOptions": "_augment",
-    "YoloIntegration": "_callbacks", "YoloPipeline": "_pipeline", "YoloTuneResult": "_pipeline",
-    "attach": "_attach", "build_yolo_pipeline": "_pipeline", "cli_main": "_cli",
-    "decide_yolo_augment": "_pipeline", "prepare_offline_env": "_env", "profile_yolo": "_pipeline",
-    "tune_yolo": "_pipeline",
+    "TESTED_RANGE": "_internals", "AttachOptions": "_callbacks", "YoloIntegration": "_callbacks",
+    "YoloPipeline": "_pipeline", "YoloTuneResult": "_pipeline", "attach": "_attach",
+    "build_yolo_pipeline": "_pipeline", "cli_main": "_cli", "decide_yolo_augment": "_pipeline",
+    "prepare_offline_env": "_env", "profile_yolo": "_pipeline", "tune_yolo": "_pipeline",
 }
 __all__ = [
     "TESTED_RANGE",
     "AttachOptions",
-    "WorkerOptions",
     "YoloIntegration",
     "YoloPipeline",
     "YoloTuneResult",

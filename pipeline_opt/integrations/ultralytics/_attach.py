@@ -7,7 +7,6 @@ import warnings
 from typing import Any
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations.ultralytics._augment import WorkerOptions
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
 from pipeline_opt.integrations.ultralytics._internals import support_problem
 
@@ -32,7 +31,6 @@ def attach(
     augment_kwargs: dict[str, Any] | None = None,
     trace_steps: int = 10,
     shared_slots: bool | str = False,
-    worker_options: WorkerOptions | None = None,
 ) -> YoloIntegration:
     """Attach pipeline_opt to an ``ultralytics.YOLO`` model through its training callbacks.
 
@@ -79,9 +77,6 @@ def attach(
         augment_kwargs: further arguments for the GPU augmentation's measured decision (``rounds``,
             ``windows``, ``steps``, ``warmup``, ``min_gain``, ``time_budget_s``, ``measure``); the
             warp's decision takes the same.
-        worker_options: which copies the workers stop making (:class:`WorkerOptions`: the
-            channel-last hand-over and the Mosaic window with the GPU augmentation, the batch images
-            stacked in shared memory always); default all, each bit for bit the same samples.
 
     Versions: the integration patches a few ultralytics internals (one module,
     ``_internals.py``) and is tested on ``ultralytics>=8.3,<8.5`` (:data:`TESTED_RANGE`). On any
@@ -105,14 +100,12 @@ def attach(
         warnings.warn(f"pipeline_opt.attach: {problem}; profiling only", RuntimeWarning, stacklevel=2)
         log.warning("pipeline_opt.attach: %s; profiling only", problem)
         tune, gpu_augment, gpu_affine, shared_slots, retune_epoch = False, False, False, False, None
-        worker_options = WorkerOptions(channel_last=False, mosaic_window=False, shm_images=False)
     options = AttachOptions(profile=profile, tune=tune, gpu_augment=gpu_augment,
                             output_dir=None if output_dir is None else os.fspath(output_dir),
                             tune_budget_s=tune_budget_s, steps=steps, warmup=warmup, workers=workers,
                             gpu_affine=gpu_affine, retune_epoch=retune_epoch, sync=sync,
                             tune_kwargs=tune_kwargs, augment_kwargs=augment_kwargs, trace_steps=trace_steps,
-                            shared_slots=shared_slots,
-                            worker_options=WorkerOptions() if worker_options is None else worker_options)
+                            shared_slots=shared_slots)
     integration = YoloIntegration(options)
     for event, fn in integration.callbacks().items():
         model.add_callback(event, fn)

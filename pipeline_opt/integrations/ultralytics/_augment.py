@@ -10,12 +10,6 @@ Two halves that must always be applied together, or images are augmented twice (
 * :class:`GpuAugmentedPreprocess` wraps a ``preprocess_batch`` function: it moves the batch to the
   device, applies :class:`pipeline_opt.transforms.detection.DetectionGPUAugment` on the uint8
   images (autocast off) and then calls the original preprocessing (``/255``, multi-scale).
-* With the warp on the device, Mosaic builds only the window of its canvas that the silenced warp
-  keeps (:mod:`~pipeline_opt.integrations.ultralytics._mosaic`), and the crop keeps that window as it is.
-* The workers' last image copy moves too: ``Format`` hands over each 3-channel image as it is,
-  height x width x channel (:class:`DeviceLayoutFormat`), instead of copying it into channel-first
-  RGB, and the device makes the batch channel-first RGB (:func:`to_channel_first_rgb`) before the
-  augmentation. The images the step sees are the same, bit for bit.
 
 The GPU augmentation is built from the ORIGINAL hyperparameters; the CPU stages are silenced on
 the transform objects, never in ``trainer.args``, so checkpoints and ``args.yaml`` keep the values
@@ -24,7 +18,6 @@ the user asked for.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,20 +25,13 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations.ultralytics._internals import patch, patched_with, unpatch
-from pipeline_opt.integrations.ultralytics._mosaic import (
-    AFFINE_GAINS,
-    MOSAIC_STAGE,
-    MosaicWindow,
-    WindowParams,
-    install_mosaic_windows,
-    remove_mosaic_window,
-)
+from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
 from pipeline_opt.integrations.ultralytics._step import images_to_device
 from pipeline_opt.integrations.ultralytics._walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")
 
+AFFINE_GAINS = ("degrees", "translate", "scale", "shear", "perspective")  # RandomPerspective's warp gains
 
 
 @dataclass(frozen=True)
@@ -62,43 +48,14 @@ class DisabledStages:
         return {"stages": [{"name": n, "before": dict(b)} for n, b in self.stages]}
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """What the workers stop doing once the GPU augmentation is on (each keeps the samples bit for bit).
-
-    Attributes:
-        channel_last: ``Format`` hands each image over height x width x BGR and the device makes the
-            batch channel-first RGB (:class:`DeviceLayoutFormat`), instead of one strided copy per
-            image in the worker.
-        mosaic_window: with the warp on the device, Mosaic builds only the window of its canvas
-            that the silenced warp keeps (:mod:`~pipeline_opt.integrations.ultralytics._mosaic`).
-        shm_images: the workers stack each batch's images straight into shared memory
-            (:class:`~pipeline_opt.integrations.ultralytics._collate.SharedImageCollate`) instead
-            of ordinary memory that the DataLoader copies once more to send (any attached run).
-    """
-
-    channel_last: bool = True
-    mosaic_window: bool = True
-    shm_images: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("channel_last", "mosaic_window", "shm_images"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"WorkerOptions.{name}={getattr(self, name)!r} must be True or False")
-
-
-def disable_cpu_augment(dataset: Any, *, affine: bool = False,
-                        options: WorkerOptions | None = None) -> DisabledStages:
+def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages:
     """Silence the CPU stages that :class:`GpuAugmentedPreprocess` replaces, in ``dataset.transforms``.
-
-    ``options`` (default :class:`WorkerOptions`) says which of the workers' copies go too.
 
     Idempotent: stages already silenced are not listed again. Raises ``TypeError`` when the dataset
     has no ultralytics transform pipeline (a validation set, or not an ultralytics dataset).
     """
-    from ultralytics.data.augment import Format, RandomFlip, RandomHSV, RandomPerspective
+    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
 
-    options = WorkerOptions() if options is None else options
     root = getattr(dataset, "transforms", None)
     if root is None:
         raise TypeError(
@@ -123,10 +80,6 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False,
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
                 stages.append(("RandomPerspective", before))
-        elif isinstance(t, Format) and options.channel_last and _install_device_layout(t):
-            stages.append((LAYOUT_STAGE, {}))
-    if affine and options.mosaic_window:
-        stages.extend((MOSAIC_STAGE, {}) for _ in range(install_mosaic_windows(root)))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
     return DisabledStages(tuple(stages))
@@ -155,12 +108,9 @@ def _crop_instead_of_warp(transform: Any) -> None:
 
     With every gain at 0 its matrix is a whole-pixel translation, and ``cv2.warpAffine`` then
     makes only a crop of the Mosaic canvas at the cost of a full bilinear warp (a few ms per
-    image in every worker). Its ``get_params`` learns to take a Mosaic window
-    (:class:`~pipeline_opt.integrations.ultralytics._mosaic.WindowParams`). Versions whose
-    ``RandomPerspective`` has no ``apply_image`` / ``get_params`` keep their warp."""
-    if callable(getattr(type(transform), "apply_image", None)) and callable(getattr(type(transform), "get_params", None)):
+    image in every worker). Versions whose ``RandomPerspective`` has no ``apply_image`` keep their warp."""
+    if callable(getattr(type(transform), "apply_image", None)):
         patch(transform, "apply_image", TranslationAsCrop(transform))
-        patch(transform, "get_params", WindowParams(transform))
 
 
 def integer_translation(M: Any) -> tuple[int, int] | None:
@@ -194,13 +144,7 @@ def translate_image(img: Any, tx: int, ty: int, size: tuple[int, int]) -> Any:
 
 class TranslationAsCrop:
     """``RandomPerspective.apply_image`` for a stage whose gains are all 0: a whole-pixel translation
-    is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp.
-
-    An image that is only a window of the Mosaic canvas (``params["window"]``, see
-    :mod:`~pipeline_opt.integrations.ultralytics._mosaic`) is cropped relative to the window, which must hold
-    the whole crop; where the crop is the window itself, the image is kept without a copy."""
-
-    takes_windows = True
+    is copied as a crop (:func:`translate_image`), anything else goes to the class's own warp."""
 
     def __init__(self, transform: Any) -> None:
         self.transform = transform
@@ -210,10 +154,7 @@ class TranslationAsCrop:
         t = self.transform
         shift = None if params is None or t.perspective else integer_translation(params.get("M"))
         img = labels.get("img")
-        window = None if params is None else params.get("window")
-        if window is not None:
-            shift = _shift_in_window(shift, window, img, params["size"])
-        elif shift is None or img is None or img.ndim not in (2, 3):
+        if shift is None or img is None or img.ndim not in (2, 3):
             return type(t).apply_image(t, labels, params)
         out = translate_image(img, shift[0], shift[1], params["size"])
         if out.ndim == 2 or out.shape[2] == 1:  # cv2 returns HxW for one channel; ultralytics adds it back
@@ -222,61 +163,6 @@ class TranslationAsCrop:
         labels["resized_shape"] = out.shape[:2]
         self.crops += 1
         return labels
-
-
-def _shift_in_window(shift: tuple[int, int] | None, window: tuple[int, int], img: Any,
-                     size: tuple[int, int]) -> tuple[int, int]:
-    """The crop's shift relative to a Mosaic window at ``window`` = ``(x0, y0)`` on the canvas.
-
-    Raises ``RuntimeError`` when the window cannot serve the crop (a real warp, or a crop reaching
-    past the window): :class:`~pipeline_opt.integrations.ultralytics._mosaic.MosaicWindow` builds a window
-    only where the silenced warp's crop is exactly that window, so this is a bug, never a fall-back."""
-    if shift is not None and img is not None and img.ndim in (2, 3):
-        tx, ty = shift[0] + window[0], shift[1] + window[1]
-        if tx <= 0 and ty <= 0 and img.shape[1] + tx >= size[0] and img.shape[0] + ty >= size[1]:
-            return tx, ty
-    raise RuntimeError(
-        f"pipeline_opt built a Mosaic window at {tuple(window)} of shape "
-        f"{None if img is None else img.shape} that the warp cannot crop (shift {shift}, size {tuple(size)}); "
-        "pass attach(..., worker_options=WorkerOptions(mosaic_window=False)) and report this"
-    )
-
-
-LAYOUT_STAGE = "Format(channel-first RGB)"
-
-
-def _install_device_layout(transform: Any) -> bool:
-    """Give ``Format`` a :class:`DeviceLayoutFormat` (True), unless it has one or no ``_format_img``."""
-    if not callable(getattr(type(transform), "_format_img", None)) or \
-            patched_with(transform, "_format_img", DeviceLayoutFormat):
-        return False
-    patch(transform, "_format_img", DeviceLayoutFormat(transform))
-    return True
-
-
-class DeviceLayoutFormat:
-    """``Format._format_img`` that leaves a 3-channel image height x width x channel, for the device.
-
-    ultralytics' ``Format`` copies every image into channel-first order and, with probability
-    ``1 - bgr`` (always, by default), reverses its channels from OpenCV's BGR to RGB: one strided
-    copy of the image per sample in the worker. Here the image is handed over as it is (no copy when
-    it is contiguous) and :func:`to_channel_first_rgb` does both on the device, for the whole batch.
-    The device always reverses the channels, so an image that ``Format`` would have left BGR is
-    reversed here first; the draw from ``random`` is the same as ``Format``'s, so the samples and the
-    random stream stay those of ultralytics. Other channel counts go to ``Format``'s own method.
-    """
-
-    def __init__(self, transform: Any) -> None:
-        self.transform = transform
-
-    def __call__(self, img: Any) -> torch.Tensor:
-        import numpy as np
-
-        if img.ndim != 3 or img.shape[2] != 3:
-            return type(self.transform)._format_img(self.transform, img)
-        if not random.uniform(0, 1) > self.transform.bgr:  # Format keeps BGR: the device's reversal undoes this one
-            img = img[..., ::-1]
-        return torch.from_numpy(np.ascontiguousarray(img))
 
 
 class GpuAugmentedPreprocess:
@@ -321,7 +207,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
     Stages are matched by name in the order they were silenced; a stage that is active again
     (e.g. the trainer rebuilt the transforms from its args) is left as it is. Returns the names restored.
     """
-    from ultralytics.data.augment import Format, Mosaic, RandomFlip, RandomHSV, RandomPerspective
+    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
 
     pending = list(disabled.stages)
     restored = []
@@ -332,10 +218,6 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             name = f"RandomFlip({t.direction})"
         elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in AFFINE_GAINS):
             name = "RandomPerspective"
-        elif isinstance(t, Format) and patched_with(t, "_format_img", DeviceLayoutFormat):
-            name = LAYOUT_STAGE
-        elif isinstance(t, Mosaic) and patched_with(t, "apply_image", MosaicWindow):
-            name = MOSAIC_STAGE
         else:
             continue
         match = next((i for i, (n, _) in enumerate(pending) if n == name), None)
@@ -346,11 +228,6 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
             setattr(t, key, value)
         if name == "RandomPerspective":
             unpatch(t, "apply_image")  # the class's warp again
-            unpatch(t, "get_params")
-        elif name == LAYOUT_STAGE:
-            unpatch(t, "_format_img")  # the class's channel-first RGB copy again
-        elif name == MOSAIC_STAGE:
-            remove_mosaic_window(t)  # the class's full canvas again
         restored.append(name)
     if restored:
         log.info("CPU augmentation restored: %s", ", ".join(restored))

@@ -36,14 +36,8 @@ import torch
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._augment import (
     GpuAugmentedPreprocess,
-    WorkerOptions,
     active_cpu_stages,
     build_gpu_augment,
-)
-from pipeline_opt.integrations.ultralytics._collate import (
-    SharedImageCollate,
-    find_collate,
-    install_shared_image_collate,
 )
 from pipeline_opt.integrations.ultralytics._ddp import (
     agree_on_augment,
@@ -108,7 +102,6 @@ class AttachOptions:
     sync: bool = True
     tune_kwargs: dict[str, Any] | None = None  # extra keyword arguments for pipeline_opt.autotune
     augment_kwargs: dict[str, Any] | None = None  # extra keyword arguments for decide_gpu_augment
-    worker_options: WorkerOptions = WorkerOptions()  # what the workers stop doing with the GPU augmentation
 
     def __post_init__(self) -> None:
         check_gpu_augment(self.gpu_augment)
@@ -136,8 +129,6 @@ class AttachOptions:
         if self.augment_kwargs is not None and not isinstance(self.augment_kwargs, dict):
             raise TypeError(f"augment_kwargs must be a dict of decide_gpu_augment arguments, got "
                             f"{type(self.augment_kwargs).__name__}")
-        if not isinstance(self.worker_options, WorkerOptions):
-            raise TypeError(f"worker_options must be a WorkerOptions, got {type(self.worker_options).__name__}")
         if self.retune_epoch is not None and not self.tune:
             raise ValueError(f"retune_epoch={self.retune_epoch} needs tune=True")
 
@@ -234,8 +225,6 @@ class YoloIntegration:
             return
         opts = self.options
         bench = perf_bench_enabled()
-        if opts.worker_options.shm_images and install_shared_image_collate(trainer.train_loader):
-            log.info("pipeline_opt: the workers stack each batch's images into shared memory")
         if opts.gpu_augment:
             self._setup_gpu_augment(run)
         if opts.gpu_augment is True:
@@ -256,7 +245,7 @@ class YoloIntegration:
         augment = build_gpu_augment(t.args, affine=bool(opts.gpu_affine), device=t.device)
         run.augment = GpuAugmentedPreprocess(t.preprocess_batch, augment, t.device)
         run.switch = candidate_switch(t.train_loader.dataset, _TrainerInstall(t, run.augment), augment,
-                                      opts.gpu_augment, opts.gpu_affine, opts.worker_options)
+                                      opts.gpu_augment, opts.gpu_affine)
         log.info("GPU augmentation on %s: %r", t.device, augment)
         # Both of these rebuild the dataset's transforms from trainer.args: silence the CPU stages again.
         for name in ("_close_dataloader_mosaic", "_build_train_pipeline"):
@@ -304,8 +293,6 @@ class YoloIntegration:
             return
         log.warning("pipeline_opt: the trainer rebuilt its train loader (batch %s); re-applying the integration",
                     t.batch_size)
-        if self.options.worker_options.shm_images:
-            install_shared_image_collate(t.train_loader)
         if run.loader_setting is not None and config_changed(t.train_loader, run.loader_setting):
             self._install_loader(run, rebuild_loader(t.train_loader, run.loader_setting, t.device))
         if run.profiler is not None and run.report is None:
@@ -552,7 +539,6 @@ class YoloIntegration:
             "device": str(t.device),
             "train_loader": loader_config(t.train_loader) if hasattr(t, "train_loader") else None,
             "image_cache": getattr(dataset, "cache", None),  # ultralytics' cache: None, "ram" or "disk"
-            "shared_image_collate": _stacks_into_shared_memory(getattr(t, "train_loader", None)),
             "gpu_augment": None if run.switch is None else {
                 "applied": run.switch.active,
                 "decision": None if run.switch.decision is None else run.switch.decision.to_dict(),
@@ -646,10 +632,3 @@ class _AfterRebuild:
         out = self.original(*args, **kwargs)
         self.integration.after_rebuild(self.run, self.rebuilt_loader)
         return out
-
-
-def _stacks_into_shared_memory(loader: Any) -> bool:
-    """Whether ``loader``'s workers stack the images into shared memory (:class:`SharedImageCollate`,
-    also under the shared slots' or the profiler's collate wrappers, or a ``DeviceLoader``)."""
-    loader = getattr(loader, "loader", loader)
-    return find_collate(getattr(loader, "collate_fn", None), SharedImageCollate) is not None

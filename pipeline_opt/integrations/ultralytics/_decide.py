@@ -31,11 +31,9 @@ from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard
 from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
-    WorkerOptions,
     disable_cpu_augment,
     restore_cpu_augment,
 )
-from pipeline_opt.integrations.ultralytics._mosaic import MOSAIC_STAGE
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
@@ -45,7 +43,7 @@ from pipeline_opt.tune.measure import Measurement, TrialFailed
 log = get_logger("integrations.ultralytics")
 
 FORCE = "force"
-_WARP_STAGES = ("RandomPerspective", MOSAIC_STAGE)  # what the warp's move silences (and set_affine(False) restores)
+_WARP_STAGE = "RandomPerspective"  # what the warp's move silences (and set_affine(False) restores)
 
 
 def check_gpu_augment(value: Any, name: str = "gpu_augment") -> None:
@@ -68,14 +66,13 @@ class AugmentSwitch:
     """
 
     def __init__(self, dataset: Any, install: Callable[[bool], None], *, affine: bool = False,
-                 augment: Any = None, options: WorkerOptions | None = None) -> None:
+                 augment: Any = None) -> None:
         if not callable(install):
             raise TypeError("install must be a callable taking True / False")
         self.dataset = dataset
         self.install = install
         self.augment = augment
         self.affine = affine
-        self.options = WorkerOptions() if options is None else options
         if augment is not None and hasattr(augment, "warp_enabled"):
             augment.warp_enabled = affine
         self.disabled = DisabledStages(())
@@ -86,7 +83,7 @@ class AugmentSwitch:
     def set(self, on: bool) -> None:
         """Silence the CPU stages and install the hook (``on``), or restore them and remove it."""
         if on:
-            more = disable_cpu_augment(self.dataset, affine=self.affine, options=self.options)
+            more = disable_cpu_augment(self.dataset, affine=self.affine)
             self.disabled = DisabledStages(self.disabled.stages + more.stages)
         elif self.disabled.stages:
             restore_cpu_augment(self.dataset, self.disabled)
@@ -102,13 +99,13 @@ class AugmentSwitch:
         if self.augment is None or not hasattr(self.augment, "warp_enabled"):
             raise TypeError("set_affine needs AugmentSwitch(..., augment=<DetectionGPUAugment>) to turn its warp on/off")
         if on and self.active:
-            more = disable_cpu_augment(self.dataset, affine=True, options=self.options)
+            more = disable_cpu_augment(self.dataset, affine=True)
             self.disabled = DisabledStages(self.disabled.stages + more.stages)
         elif not on:
-            warp = tuple(s for s in self.disabled.stages if s[0] in _WARP_STAGES)
+            warp = tuple(s for s in self.disabled.stages if s[0] == _WARP_STAGE)
             if warp:
                 restore_cpu_augment(self.dataset, DisabledStages(warp))
-            self.disabled = DisabledStages(tuple(s for s in self.disabled.stages if s[0] not in _WARP_STAGES))
+            self.disabled = DisabledStages(tuple(s for s in self.disabled.stages if s[0] != _WARP_STAGE))
         self.augment.warp_enabled = on
         self.affine = on
 
@@ -116,7 +113,7 @@ class AugmentSwitch:
         """After the trainer rebuilt the transforms from its args: silence them again if active."""
         if not self.active:
             return DisabledStages(())
-        more = disable_cpu_augment(self.dataset, affine=self.affine, options=self.options)
+        more = disable_cpu_augment(self.dataset, affine=self.affine)
         self.disabled = DisabledStages(self.disabled.stages + more.stages)
         return more
 
@@ -183,7 +180,7 @@ class AugmentDecision:
 
 
 def candidate_switch(dataset: Any, install: Callable[[bool], None], augment: Any, gpu_augment: bool | str,
-                     gpu_affine: bool | str, options: WorkerOptions | None = None) -> AugmentSwitch:
+                     gpu_affine: bool | str) -> AugmentSwitch:
     """The switch of a freshly built GPU augmentation, turned on.
 
     The colour/flip is on: a candidate until :func:`decide_gpu_augment` measured it, or for good
@@ -192,7 +189,7 @@ def candidate_switch(dataset: Any, install: Callable[[bool], None], augment: Any
     :func:`decide_gpu_affine` measured it. Forced parts get a forced decision recorded.
     """
     warp_now = bool(gpu_affine) and FORCE in (gpu_augment, gpu_affine)
-    switch = AugmentSwitch(dataset, install, affine=warp_now, augment=augment, options=options)
+    switch = AugmentSwitch(dataset, install, affine=warp_now, augment=augment)
     switch.set(True)
     if gpu_augment == FORCE:
         switch.decision = AugmentDecision.forced_on()

@@ -3,12 +3,11 @@
 The integration replaces a few attributes of ultralytics objects on the instance (never on the
 class, so one ``vars(obj).pop`` undoes each): the trainer's ``preprocess_batch`` (GPU augmentation)
 and its private ``_close_dataloader_mosaic`` / ``_build_train_pipeline`` (they rebuild the
-transforms, which must be silenced again), ``Format._format_img`` (channel-last hand-over),
-``Mosaic.apply_image`` and ``RandomPerspective.apply_image`` / ``get_params`` (the Mosaic window
-and the crop that replaces a silenced warp); it recognises ultralytics' collate function by its
-qualified name. These are private in ultralytics and may change in any release: the patches are
-applied only on the range the integration is tested with (:data:`TESTED_RANGE`); elsewhere
-:func:`attach` profiles only and says why.
+transforms, which must be silenced again) and ``RandomPerspective.apply_image`` (the crop that
+replaces a silenced warp); it recognises ultralytics' collate function by its qualified name
+(shared slots stack its images straight into a slot). These are private in ultralytics and may
+change in any release: the patches are applied only on the range the integration is tested with
+(:data:`TESTED_RANGE`); elsewhere :func:`attach` profiles only and says why.
 """
 
 from __future__ import annotations
@@ -23,10 +22,7 @@ PATCHED_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.engine.trainer", "BaseTrainer", "_close_dataloader_mosaic"),
     ("ultralytics.engine.trainer", "BaseTrainer", "_build_train_pipeline"),
     ("ultralytics.models.yolo.detect.train", "DetectionTrainer", "preprocess_batch"),
-    ("ultralytics.data.augment", "Format", "_format_img"),
-    ("ultralytics.data.augment", "Mosaic", "apply_image"),
     ("ultralytics.data.augment", "RandomPerspective", "apply_image"),
-    ("ultralytics.data.augment", "RandomPerspective", "get_params"),
     ("ultralytics.data.dataset", "YOLODataset", "collate_fn"),
 )
 
@@ -97,11 +93,6 @@ def patch(obj: Any, name: str, value: Any) -> None:
 def unpatch(obj: Any, name: str) -> None:
     """Drop the instance's ``name`` set by :func:`patch`: the class's attribute shows again."""
     vars(obj).pop(name, None)
-
-
-def patched_with(obj: Any, name: str, kind: type) -> bool:
-    """Whether ``obj`` carries an instance ``name`` of type ``kind`` (one of our patches)."""
-    return isinstance(vars(obj).get(name), kind)
 
 
 def is_ultralytics_collate_fn(fn: Any) -> bool:

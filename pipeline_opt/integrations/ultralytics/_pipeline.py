@@ -17,8 +17,7 @@ import torch
 
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
-from pipeline_opt.integrations.ultralytics._augment import WorkerOptions, build_gpu_augment
-from pipeline_opt.integrations.ultralytics._collate import install_shared_image_collate
+from pipeline_opt.integrations.ultralytics._augment import build_gpu_augment
 from pipeline_opt.integrations.ultralytics._decide import (
     AugmentDecision,
     AugmentSwitch,
@@ -95,7 +94,6 @@ def build_yolo_pipeline(
     amp: str | None = None,
     gpu_augment: bool = False,
     gpu_affine: bool = False,
-    worker_options: WorkerOptions | None = None,
     **overrides: Any,
 ) -> YoloPipeline:
     """Build the ultralytics training data path and step for ``data_yaml`` without a trainer.
@@ -116,8 +114,6 @@ def build_yolo_pipeline(
             (colour/flip alone against colour/flip + warp) and kept only when faster; ``"force"``
             (or ``gpu_augment="force"``): part of the GPU augmentation, unmeasured. It pays where
             the workers are the bottleneck (few cores) and gains little or nothing where they are not.
-        worker_options: which of the workers' copies the GPU augmentation also takes over
-            (:class:`WorkerOptions`; default all of them).
         overrides: any other ultralytics training argument (``mosaic=0.0``, ``cache="ram"``, ...).
 
     Ultralytics is configured offline first (:func:`prepare_offline_env`).
@@ -159,15 +155,11 @@ def build_yolo_pipeline(
     cfg.imgsz = check_imgsz(imgsz, stride=stride, floor=stride, max_dim=1)
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train", stride=stride)
     loader = build_dataloader(dataset, batch=batch, workers=workers, shuffle=True, rank=-1, device=dev)
-    worker_options = WorkerOptions() if worker_options is None else worker_options
-    if worker_options.shm_images:
-        install_shared_image_collate(loader)  # the workers stack each batch's images into shared memory
     step = YoloStep(dev, amp=amp)
     augment, switch = None, None
     if gpu_augment:
         augment = build_gpu_augment(cfg, affine=bool(gpu_affine), device=dev)
-        switch = candidate_switch(dataset, _StepInstall(step, augment), augment, gpu_augment, gpu_affine,
-                                  worker_options)
+        switch = candidate_switch(dataset, _StepInstall(step, augment), augment, gpu_augment, gpu_affine)
     log.info("YOLO pipeline: %s at %d px, batch %d, %d workers, %s on %s%s", model_cfg, cfg.imgsz, batch,
              loader.num_workers, amp, dev,
              f", GPU augmentation ({', '.join(switch.disabled.names)})" if switch is not None else "")

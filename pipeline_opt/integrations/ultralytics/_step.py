@@ -63,36 +63,19 @@ class TrainerStep:
 
 
 def images_to_device(batch: dict, device: torch.device) -> dict:
-    """A copy of ``batch`` with only ``img`` on ``device`` (the copy to a GPU does not block), in
-    ultralytics' (B, 3, H, W) RGB layout (:func:`to_channel_first_rgb`).
+    """A copy of ``batch`` with only ``img`` on ``device`` (the copy to a GPU does not block).
 
     The GPU augmentation takes the boxes from the CPU: a warp filters them there without making
     the host wait, and the augmentation copies them to the device itself."""
     batch = dict(batch)
-    batch["img"] = to_channel_first_rgb(move_to_device(batch["img"], device, non_blocking=device.type == "cuda"))
+    batch["img"] = move_to_device(batch["img"], device, non_blocking=device.type == "cuda")
     return batch
-
-
-def delivered_channel_last(img: Any) -> bool:
-    """Whether a batch ``img`` is (B, H, W, 3), as the workers deliver it with the GPU augmentation
-    (:class:`pipeline_opt.integrations.ultralytics._augment.DeviceLayoutFormat`).
-
-    ultralytics' own batches are (B, C, H, W) with C = 3, or another channel count that is never an
-    image side (sides are at least 32 px): the shape tells the two apart."""
-    return isinstance(img, torch.Tensor) and img.ndim == 4 and img.shape[-1] == 3 and img.shape[1] != 3
-
-
-def to_channel_first_rgb(img: torch.Tensor) -> torch.Tensor:
-    """(B, H, W, 3) BGR to ultralytics' (B, 3, H, W) RGB, contiguous; any other batch as it is."""
-    if not delivered_channel_last(img):
-        return img
-    return torch.stack((img[..., 2], img[..., 1], img[..., 0]), 1)  # one copy: reversed and channel-first
 
 
 def preprocess_images(batch: dict, device: torch.device) -> dict:
     """The device copy and ``/255`` of ``DetectionTrainer.preprocess_batch`` (no multi-scale)."""
     batch = move_to_device(batch, device, non_blocking=device.type == "cuda")
-    batch["img"] = to_channel_first_rgb(batch["img"]).float() / 255
+    batch["img"] = batch["img"].float() / 255
     return batch
 
 

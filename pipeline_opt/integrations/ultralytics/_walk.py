@@ -17,10 +17,9 @@ def unwrap(obj: Any) -> Any:
     return obj
 
 
-def _walk(root: Any) -> tuple[list[Any], list[list[Any]]]:
-    """The leaf transforms and the transform lists reachable from ``root``, each once."""
+def iter_transforms(root: Any) -> list[Any]:
+    """Every transform object reachable from ``root`` (Compose lists, ``pre_transform``), each once."""
     leaves: list[Any] = []
-    lists: list[list[Any]] = []
     seen: set[int] = set()
 
     def visit(node: Any, depth: int) -> None:
@@ -30,7 +29,6 @@ def _walk(root: Any) -> tuple[list[Any], list[list[Any]]]:
         seen.add(id(node))
         children = getattr(node, "transforms", None)
         if isinstance(children, list):
-            lists.append(children)
             for child in children:
                 visit(child, depth + 1)
         else:
@@ -40,15 +38,4 @@ def _walk(root: Any) -> tuple[list[Any], list[list[Any]]]:
             visit(pre, depth + 1)
 
     visit(root, 0)
-    return leaves, lists
-
-
-def iter_transforms(root: Any) -> list[Any]:
-    """Every transform object reachable from ``root`` (Compose lists, ``pre_transform``), each once."""
-    return _walk(root)[0]
-
-
-def transform_lists(root: Any) -> list[list[Any]]:
-    """Every transform list reachable from ``root`` (the ``transforms`` of each Compose), each once,
-    in the order they run."""
-    return _walk(root)[1]
+    return leaves
