@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from pipeline_opt.transforms.replay_parity import timed_call
 
 
 def aa_taps(starts: torch.Tensor, lengths: torch.Tensor, out: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,31 +94,6 @@ def random_boxes(n: int, height: int, width: int, generator: torch.Generator) ->
         torch.set_rng_state(state)
 
 
-def _timed(fn: Any, device: torch.device, repeats: int) -> tuple[float, float]:
-    """(median seconds, median host CPU seconds of this thread) of ``fn()`` after one warm-up call."""
-    walls, hosts = [], []
-    for i in range(repeats + 1):
-        c0 = time.thread_time()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            host = time.thread_time() - c0
-            end.synchronize()
-            wall = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            fn()
-            wall, host = time.perf_counter() - t0, time.thread_time() - c0
-        if i:
-            walls.append(wall)
-            hosts.append(host)
-    walls.sort()
-    hosts.sort()
-    return walls[len(walls) // 2], hosts[len(hosts) // 2]
-
-
 def probe(device: torch.device, batch: int, height: int, width: int, size: tuple[int, int], chunk: int,
           repeats: int, seed: int = 0) -> dict[str, Any]:
     """Both paths on one synthetic photo-like batch: times, host CPU, and where they differ after rounding."""
@@ -137,8 +113,8 @@ def probe(device: torch.device, batch: int, height: int, width: int, size: tuple
 
     want, got = per_image(), batched()
     want_q, got_q = torch.floor(want + 0.5).clamp(0, 255), torch.floor(got + 0.5).clamp(0, 255)
-    per_s, per_host = _timed(per_image, device, repeats)
-    bat_s, bat_host = _timed(batched, device, repeats)
+    per_s, per_host = timed_call(per_image, device, repeats)
+    bat_s, bat_host = timed_call(batched, device, repeats)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "batch": batch, "image": [height, width], "size": list(size), "chunk": chunk, "repeats": repeats,

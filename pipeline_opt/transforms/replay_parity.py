@@ -218,11 +218,37 @@ def standard_pipelines() -> dict[str, Any]:
     }
 
 
+def timed_call(fn: Any, device: torch.device, repeats: int) -> tuple[float, float]:
+    """(median seconds, median host CPU seconds of the calling thread) of ``fn()`` over ``repeats``
+    calls after one untimed call; on CUDA the seconds are CUDA events around the call. The host CPU
+    time is what a preparing thread would hold (much of it under the GIL) beside the training loop."""
+    import time
+
+    walls, hosts = [], []
+    for i in range(repeats + 1):
+        c0 = time.thread_time()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            host = time.thread_time() - c0
+            end.synchronize()
+            wall = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            wall, host = time.perf_counter() - t0, time.thread_time() - c0
+        if i:
+            walls.append(wall)
+            hosts.append(host)
+    return float(np.median(walls)), float(np.median(hosts))
+
+
 def _time_stage(dataset: Any, device: torch.device, batch_size: int,
                 repeats: int) -> tuple[float, float, float]:
-    """(median seconds per batch of the device stage, median host CPU seconds the calling thread spent
-    on it per batch, median seconds per image of the CPU pipeline on one thread). The host CPU time is
-    what a preparing thread holds (much of it under the GIL) beside the training loop."""
+    """(median seconds per batch of the device stage, median host CPU seconds per batch, median
+    seconds per image of the CPU pipeline on one thread)."""
     import time
 
     from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
@@ -231,28 +257,13 @@ def _time_stage(dataset: Any, device: torch.device, batch_size: int,
     replay = ReplayDataset.from_image_folder(dataset)
     stage = RandomGpuPipeline(replay.sampler, device=device)
     batch = replay_collate([replay[i % len(replay)] for i in range(batch_size)])
-    times, host = [], []
-    for _ in range(repeats + 1):
-        c0 = time.thread_time()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            stage(batch)
-            end.record()
-            host.append(time.thread_time() - c0)
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            stage(batch)
-            times.append(time.perf_counter() - t0)
-            host.append(time.thread_time() - c0)
+    per_batch, host = timed_call(lambda: stage(batch), device, repeats)
     cpu = []
     for i in range(min(len(dataset), 16)):
         t0 = time.perf_counter()
         dataset[i]
         cpu.append(time.perf_counter() - t0)
-    return float(np.median(times[1:])), float(np.median(host[1:])), float(np.median(cpu))
+    return per_batch, host, float(np.median(cpu))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
