@@ -171,13 +171,28 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     loader's timeline), summary.txt (the before/after table), tune.json, and baseline/ (before) and
     best/ (after) with each profile's report.json, summary.txt, trace.json and report.html.
     """
+    cfg = (config or DemoConfig()).resolved()
+    log.info("demo on %s: %d images of %dx%d, batch %d, tuning budget %.0f s", cfg.device, cfg.images,
+             cfg.size[0], cfg.size[1], cfg.batch_size, cfg.budget_s)
+    threads = torch.get_num_threads()
+    if not cfg.device.startswith("cuda") and threads > 1:
+        # The CPU demo stands in for a GPU job, whose step one thread drives while the other cores
+        # are the loader's; the small CNN would otherwise spread over every core with its intra-op
+        # threads and take them from the workers, before and after alike.
+        log.info("CPU demo: the model's step runs on 1 intra-op thread (torch.set_num_threads(1), %d before), "
+                 "as one thread drives a GPU step; the other cores are the loader's", threads)
+        torch.set_num_threads(1)
+    try:
+        return _run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: DemoConfig) -> DemoResult:
     import pipeline_opt as po
     from pipeline_opt.report.html import render_tune_html
     from pipeline_opt.report.text import before_after_table
 
-    cfg = (config or DemoConfig()).resolved()
-    log.info("demo on %s: %d images of %dx%d, batch %d, tuning budget %.0f s", cfg.device, cfg.images,
-             cfg.size[0], cfg.size[1], cfg.batch_size, cfg.budget_s)
     _, loader, model, step = build(cfg)
     common = {"step_fn": step, "device": cfg.device}
     log.info("1/2 profiling the naive loader (num_workers=%d, every transform on the CPU)", loader.num_workers)

@@ -222,6 +222,28 @@ def test_demo_end_to_end_small(tmp_path, capsys):
         assert (out / name).is_file(), name
 
 
+def test_the_cpu_demo_steps_on_one_thread_and_restores_the_count(monkeypatch, tmp_path):
+    import torch
+
+    import pipeline_opt.demo as demo
+
+    seen = []
+
+    def fake_run(cfg):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(demo, "_run", fake_run)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="stop"):
+            demo.run_demo(demo.DemoConfig(device="cpu", out=tmp_path))
+        assert seen == [1] and torch.get_num_threads() == 2  # restored, also when the demo fails
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.cuda
 def test_demo_on_gpu_resnet50(tmp_path, capsys):
     """The GPU path of the demo: ResNet-50, bf16 autocast, channels_last, 4 naive workers."""
