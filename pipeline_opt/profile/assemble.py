@@ -147,6 +147,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         decode_advice=decode_advice(dataset) if (outside_share(sample_s, transform_s) or 0.0) >= SETTING_SHARE else "",
         unshared_batch_bytes=unshared,
         main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)) or None,
+        intra_op_threads=torch.get_num_threads(),
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),

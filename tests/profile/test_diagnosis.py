@@ -139,3 +139,19 @@ def test_throughput_above_the_limit_says_the_limit_is_unreliable():
     assert any("could not be measured reliably" in e for e in above) and not any("130%" in e for e in above)
     below = diagnose(_gpu(throughput=250.0, limit_throughput=1000.0)).evidence
     assert any("= 25% of the 1000.0 samples/s" in e for e in below)
+
+
+def test_a_cpu_step_spread_over_the_workers_cores_gets_a_thread_count():
+    def cpu(**kw):
+        base = dict(device_type="cpu", step_time_s=0.04, compute_time_s=0.008, data_wait_frac=0.8,
+                    batch_cpu_s=0.034, num_workers=2, usable_cpus=2, intra_op_threads=2)
+        base.update(kw)
+        return diagnose(Measurements(**base)).recommendations
+
+    (rec,) = [r for r in cpu() if "set_num_threads" in r]
+    assert rec.startswith("the step's 2 intra-op threads and 2 worker(s) share 2 cores") and "set_num_threads(1)" in rec
+    assert not any("set_num_threads" in r for r in cpu(intra_op_threads=1))  # already leaves the workers theirs
+    assert not any("set_num_threads" in r for r in cpu(usable_cpus=16, intra_op_threads=8))  # cores to spare
+    assert not any("set_num_threads" in r for r in cpu(device_type="cuda"))  # a GPU step uses one thread
+    (none_yet,) = [r for r in cpu(num_workers=0) if "set_num_threads" in r]  # the workers it recommends count
+    assert "set_num_threads(1)" in none_yet
