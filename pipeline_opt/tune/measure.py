@@ -253,7 +253,14 @@ def _shutdown(it: Any) -> None:
         close()
     shutdown = getattr(it, "_shutdown_workers", None)
     if callable(shutdown):
-        shutdown()
+        try:
+            shutdown()
+        except RuntimeError as exc:
+            # torch's SIGCHLD handler raises this while the join waits, for a worker that had died
+            # (the trial already failed on it); the caller reaps whatever is left
+            if "DataLoader worker" not in str(exc):
+                raise
+            log.debug("shutting the workers down: %s", exc)
 
 
 def live_children() -> set[int]:

@@ -148,3 +148,18 @@ def test_an_infinite_loader_runs_on_without_restarts():
             self.iterator = None
 
     assert continuous(Infinite(Fast(), batch_size=4)) and not continuous(DataLoader(Fast(), batch_size=4))
+
+
+def test_a_worker_death_reported_while_the_workers_shut_down_does_not_escape():
+    from pipeline_opt.tune.measure import _shutdown
+
+    class Iterator:  # torch's SIGCHLD handler fires inside _shutdown_workers' join
+        def __init__(self, message):
+            self.message = message
+
+        def _shutdown_workers(self):
+            raise RuntimeError(self.message)
+
+    _shutdown(Iterator("DataLoader worker (pid 28975) is killed by signal: Killed."))
+    with pytest.raises(RuntimeError, match="something else"):
+        _shutdown(Iterator("something else"))
