@@ -4,7 +4,6 @@
 #   benchmarks/device_call.sh yolo                            (the second call; transforms overhead: the third)
 #   benchmarks/device_call.sh worker-stages yolo_trainer      (yolo_worker_stages, then a benchmark)
 #   benchmarks/device_call.sh cuda-tests replay-parity classification   (PO_BENCH_ARGS_classification="--pipeline train")
-#   benchmarks/device_call.sh resize-probe                    (batched vs per-image replay crop + resize)
 # carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
 # Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
 set -u
@@ -30,10 +29,6 @@ for step in "$@"; do
     # the random-augmentation replay against torchvision on the device: error per op, ms per batch
     replay-parity) timeout -k 10 "${PO_PARITY_LIMIT_S:-90}" python3 -m pipeline_opt.transforms.replay_parity --device cuda \
                   --n 16 > "$OUT/replay_parity.log" 2>&1; echo "replay parity rc=$?"; tail -n 30 "$OUT/replay_parity.log" ;;
-    # the replay's per-image crop + resize against one batched version of it: ms, host CPU, error
-    resize-probe) timeout -k 10 "${PO_PROBE_LIMIT_S:-120}" python3 -m benchmarks.replay_resize_probe --device cuda \
-                  --out "$BENCH_DIR/replay_resize_probe.json" > "$OUT/resize_probe.log" 2>&1; echo "resize probe rc=$?"
-                  tail -n 20 "$OUT/resize_probe.log" ;;
     # the workers' CPU per stage and a DataLoader's images/s (no GPU used); PO_STAGES_ARGS replaces the defaults
     worker-stages) # shellcheck disable=SC2086
                   timeout -k 10 "${PO_STAGES_LIMIT_S:-300}" python3 -m benchmarks.yolo_worker_stages \

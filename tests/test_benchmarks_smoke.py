@@ -626,19 +626,3 @@ def test_the_true_batch_limit_is_found_by_doubling_then_bisection():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is restored
     assert fake.released >= len(got["probes"])  # the allocator's cache released before every probe
 
-
-def test_replay_resize_probe_batches_the_per_image_resize_within_one_level(tmp_path):
-    from benchmarks import replay_resize_probe as P
-
-    images = torch.randint(0, 256, (5, 3, 48, 64), dtype=torch.uint8)
-    # downscaled, upscaled, unscaled and full-image crops, and one a single pixel wide
-    boxes = [(0, 0, 48, 64), (10, 5, 12, 9), (3, 7, 32, 32), (20, 40, 28, 1), (1, 2, 40, 50)]
-    want = P.crop_resize_per_image(images, boxes, (32, 32))
-    got = P.crop_resize_batched(images, torch.tensor(boxes), (32, 32))
-    assert got.shape == want.shape == (5, 3, 32, 32)
-    assert (got - want).abs().max() < 1e-3  # the same weights: float rounding only
-    out = tmp_path / "probe.json"
-    assert P.main(["--device", "cpu", "--batch", "6", "--image", "96x72", "--size", "32", "--chunk", "4",
-                   "--repeats", "1", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert result["per_image_ms"] > 0 and result["batched_ms"] > 0 and result["rounded_max_diff"] <= 1.0

@@ -12,10 +12,10 @@ The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules)
 3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
    wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
    offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
-   (nvJPEG); on CUDA, shared slots (workers reuse page-locked buffers) right away for batches of
+   (nvJPEG, in a background thread, with at most 4 workers: they only read files); on CUDA, shared slots (workers reuse page-locked buffers) right away for batches of
    16 MB or more; hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory,
    shared slots, persistent_workers, prefetch_factor; finally re-check the winner against the
-   baseline. Trial
+   baseline (every exploring trial leaves the time for that check). Trial
    windows follow the predicted step time (:mod:`pipeline_opt.tune.timing`);
 4. build the winning loader from the user's loader (same dataset, sampler, collate, generator ...)
    and profile it briefly (the best report), within the 10% of the budget kept for it.
@@ -51,6 +51,7 @@ from pipeline_opt.tune.candidates import (
     littles_law_workers,
     persistent_for_short_epochs,
     stale_dataset_hazard,
+    workers_to_keep_up,
 )
 from pipeline_opt.tune.exactness import (
     REPLAY_NAME,
@@ -382,17 +383,41 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         search.skip("nvjpeg decode", why_not)
         return
     inc = search.incumbent
-    # The incumbent's worker count (file reading is cheap, so more workers than needed cost little)
-    # and pinned memory, which makes the decoder's host-to-device copies faster at any worker count.
-    workers = inc.num_workers or min(NVJPEG_WORKERS, search.budget.max_workers)
     what = REPLAY_NAME if isinstance(plan, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
     # torchvision's nvJPEG call returns only once the batch is decoded: from the training loop it
     # waits between two steps; from a thread of its own it runs while the step does, which won
     # beyond the noise at every worker count of the committed classification grids, so the
-    # candidate decodes in the thread (one trial, not two)
-    if search.try_change(f"{what}, in a background thread overlapping the step", decode="nvjpeg",
-                         gpu_transforms=(), num_workers=workers, pin_memory=True, decode_thread=True):
+    # candidate decodes in the thread (one trial, not two). Pinned memory makes the decoder's
+    # host-to-device copies faster at any worker count.
+    light = gpu_decode_workers(inc.num_workers, search.budget.max_workers)
+    change = dict(decode="nvjpeg", gpu_transforms=(), pin_memory=True, decode_thread=True)
+    if search.try_change(f"{what}, in a background thread overlapping the step, with {light} workers (they "
+                         "only read files)", num_workers=light, **change):
         search.tune_workers("num_workers after GPU decoding")
+        return
+    # lost with few workers: where reading the files is what starves the step (a slow disk, a network
+    # file system), the same decode with the incumbent's workers may still win
+    tried = inc.with_(num_workers=light, **change)
+    runs = search.evidence(tried) if tried in search.history else []
+    need = workers_to_keep_up(runs[-1], light) if runs else None
+    if need is not None and inc.num_workers > light and search.try_change(
+            f"{what}, in a background thread, with the incumbent's {inc.num_workers} workers ({light} left the step "
+            f"waiting on data: Little's law asks for {need})", num_workers=inc.num_workers, **change):
+        search.tune_workers("num_workers after GPU decoding")
+
+
+def gpu_decode_workers(incumbent_workers: int, max_workers: int) -> int:
+    """The workers the GPU-decode candidate starts with: at most :data:`NVJPEG_WORKERS`.
+
+    With the decode on the GPU a worker reads files (and, for a random Compose, draws parameters),
+    so the count that fed a CPU decode is far more than it needs, and the extra processes compete
+    with the training process and the decoding thread for the cores. In the committed 16-core
+    classification grids the GPU decode in a thread read the same at 2 to 8 workers and slowest
+    at 16 in three of four runs; the tuner then climbs from this count
+    (:meth:`~pipeline_opt.tune.search.Search.tune_workers`), to Little's law's count when the
+    step still waits on data."""
+    light = max(1, min(NVJPEG_WORKERS, max_workers))
+    return min(incumbent_workers, light) if incumbent_workers > 0 else light
 
 
 def _tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_slots: bool = True,

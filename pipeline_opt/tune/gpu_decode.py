@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem
 
-NVJPEG_WORKERS = 4  # workers for GPU decoding when the loader had none: reading files is cheap
+NVJPEG_WORKERS = 4  # the most workers the GPU-decode candidate starts with: they only read files
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ injected numbers. The rules:
   it, and on a slow baseline those repeats would cost a large share of the budget. The winner is
   measured a second time, though: every later candidate is compared with it, and one lucky first
   trial reading well above the pipeline's later windows would make the tuner reject candidates
-  that are faster than the incumbent really is.
+  that are faster than the incumbent really is. For the same reason a final winner known from one
+  trial is measured once more before the speedup is claimed: it won on its best trial among many.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ class Search:
         self.baseline: LoaderConfig | None = None
         self.incumbent: LoaderConfig | None = None
         self.kept: list[LoaderConfig] = []  # every incumbent, in the order the search made them so
-        self.out_of_time = False
+        self.out_of_time = False  # no time left for exploring (the final confirmation has its own reserve)
+        self.confirming = False
 
     # ------------------------------------------------------------------ evidence
 
@@ -198,21 +200,35 @@ class Search:
     def remaining_s(self) -> float:
         return self.deadline - self.clock()
 
+    def confirm_reserve_s(self) -> float:
+        """Seconds an exploring trial must leave for :meth:`confirm`: one trial of the baseline and one of
+        the incumbent, while the incumbent is not the baseline. Without it the search spent the whole
+        budget on candidates and the claimed speedup rested on the baseline's profile and the winner's
+        single best trial."""
+        if self.confirming or self.incumbent is None or self.incumbent == self.baseline:
+            return 0.0
+        step = self._step_s()
+        return self.evaluator.estimate_s(self.baseline, step) + self.evaluator.estimate_s(self.incumbent, step)
+
     def _run(self, cfg: LoaderConfig, why: str, force: bool = False) -> Measurement | None:
         """Measure ``cfg`` once; None (recorded) when it failed or does not fit the time left.
 
         ``force`` (the first baseline) measures even when the budget is spent: it gets at least
-        twice its estimated time.
+        twice its estimated time. Outside :meth:`confirm` a trial must also leave
+        :meth:`confirm_reserve_s`.
         """
         estimate = self.evaluator.estimate_s(cfg, self._step_s())
         deadline = max(self.deadline, self.clock() + 2 * estimate) if force else self.deadline
-        if not force and self.out_of_time:
+        if not force and self.out_of_time and not self.confirming:
             self.not_tried.append(f"{cfg.label()} ({why}): the time budget ran out")
             return None
-        if not force and estimate > self.remaining_s():
-            self.out_of_time = True
+        keep = 0.0 if force else self.confirm_reserve_s()
+        if not force and estimate + keep > self.remaining_s():
+            if not self.confirming:
+                self.out_of_time = True
+            kept = f", {keep:.1f} s of them kept for the final confirmation" if keep else ""
             self.not_tried.append(f"{cfg.label()} ({why}): needs ~{estimate:.1f} s, "
-                                  f"{max(0.0, self.remaining_s()):.1f} s left")
+                                  f"{max(0.0, self.remaining_s()):.1f} s left{kept}")
             return None
         t0 = self.clock()
         try:
@@ -358,7 +374,11 @@ class Search:
         if m is None:
             return False
         self._update_noise()
-        self._record(cfg, m, cfg == self.incumbent, f"{why}: noise now ±{self.noise:.1%}")
+        if cfg == self.baseline:
+            now = f"noise now ±{self.noise:.1%}"
+        else:  # a candidate's repeats feed its pooled median, not the noise (module docstring)
+            now = f"pooled median now {self.median(cfg):,.1f}/s over {len(self.evidence(cfg))} trials"
+        self._record(cfg, m, cfg == self.incumbent, f"{why}: {now}")
         return True
 
     def calibrate(self, guess: LoaderConfig, why: str) -> None:
@@ -423,9 +443,16 @@ class Search:
         """Re-measure the winner and the baseline; keep the winner only if it still beats the baseline."""
         if self.incumbent == self.baseline:
             return
-        if self.out_of_time or self.remaining_s() <= 0:
+        if self.remaining_s() <= 0:
             self.not_tried.append("final confirmation against the baseline: the time budget ran out")
             return
+        self.confirming = True
+        try:
+            self._confirm()
+        finally:
+            self.confirming = False
+
+    def _confirm(self) -> None:
         if clear_win(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain):
             self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
                       f"{_pct(self.median(self.incumbent) / max(self.median(self.baseline), 1e-12) - 1.0)} over the "
@@ -435,6 +462,11 @@ class Search:
                 # in every worker, which slows CPU-bound workers, so the claim would overstate the gain
                 self._repeat(self.baseline, "the baseline measured without the profiler, as the claimed "
                                             "speedup's denominator")
+            if len(self.evidence(self.incumbent)) < 2:
+                # the numerator: the winner won on its best trial among many, and a single trial of it
+                # overstates what it delivers (the winner's curse); a second trial is pooled with it
+                self._repeat(self.incumbent, "the winner measured once more, so that the claimed speedup "
+                                             "pools two of its trials, not the one that won")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):

@@ -13,7 +13,8 @@ import pipeline_opt as po
 from pipeline_opt.datasets import make_image_folder
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig
-from pipeline_opt.tune.gpu_decode import plan_nvjpeg_decode
+from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
+from pipeline_opt.tune.measure import Measurement
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -124,19 +125,29 @@ def test_on_cuda_decoding_in_a_thread_gives_the_same_images(folder):
 
 
 class _RecordingSearch:
-    """The part of :class:`~pipeline_opt.tune.search.Search` the GPU-decode step uses, recording its calls."""
+    """The part of :class:`~pipeline_opt.tune.search.Search` the GPU-decode step uses, recording its calls;
+    ``rates`` gives each tried worker count's images/s, ``compute_s`` the step's own seconds."""
 
-    def __init__(self, incumbent: LoaderConfig, wins: bool) -> None:
+    def __init__(self, incumbent: LoaderConfig, wins, rates=None, compute_s: float = 0.0) -> None:
         from types import SimpleNamespace
 
-        self.incumbent, self.wins, self.calls = incumbent, wins, []
+        self.incumbent, self.wins, self.calls, self.history = incumbent, wins, [], {}
+        self.rates, self.compute_s = rates or {}, compute_s
         self.budget = SimpleNamespace(max_workers=8)
 
     def try_change(self, what: str, **changes) -> bool:
         self.calls.append(("try", what, changes))
-        if self.wins:
-            self.incumbent = self.incumbent.with_(**changes)
-        return self.wins
+        cfg = self.incumbent.with_(**changes)
+        rate = self.rates.get(cfg.num_workers, 1000.0)
+        self.history[cfg] = [Measurement(windows=(rate,), steps_per_window=4, batch_size=128, startup_s=0.0,
+                                         elapsed_s=1.0, compute_s=self.compute_s)]
+        won = self.wins(cfg.num_workers) if callable(self.wins) else self.wins
+        if won:
+            self.incumbent = cfg
+        return won
+
+    def evidence(self, cfg: LoaderConfig):
+        return self.history.get(cfg, [])
 
     def tune_workers(self, what: str) -> None:
         self.calls.append(("workers", what, {}))
@@ -146,22 +157,49 @@ class _RecordingSearch:
 
 
 @pytest.mark.parametrize("wins", [True, False])
-def test_the_gpu_decode_candidate_decodes_in_the_thread_in_one_trial(folder, wins):
+def test_the_gpu_decode_candidate_decodes_in_the_thread_in_one_trial_with_few_workers(folder, wins):
     from pipeline_opt.tune.api import _tune_gpu_decode
 
     loader = _loader(folder, T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)]))
     plan, _ = plan_nvjpeg_decode(loader)
-    search = _RecordingSearch(LoaderConfig(6, gpu_transforms=("Normalize",)), wins)
+    # the step keeps up (1000 img/s of 128-image batches is 0.128 s a step, the step's own 0.12 s)
+    search = _RecordingSearch(LoaderConfig(6, gpu_transforms=("Normalize",)), wins, compute_s=0.12)
     _tune_gpu_decode(search, plan, "")
     tries = [c for c in search.calls if c[0] == "try"]
     assert len(tries) == 1, search.calls  # no second trial of the same decode in the training loop
     changes = tries[0][2]
-    assert changes == {"decode": "nvjpeg", "gpu_transforms": (), "num_workers": 6, "pin_memory": True,
+    # the workers only read files: 4, not the 6 that fed the CPU decode
+    assert changes == {"decode": "nvjpeg", "gpu_transforms": (), "num_workers": NVJPEG_WORKERS, "pin_memory": True,
                        "decode_thread": True}
-    assert "background thread" in tries[0][1]
+    assert "background thread" in tries[0][1] and f"with {NVJPEG_WORKERS} workers" in tries[0][1]
     assert [c[0] for c in search.calls] == (["try", "workers"] if wins else ["try"])
     if wins:
         assert search.incumbent.decode_thread and search.incumbent.label().endswith("nvjpeg-in-thread")
+
+
+def test_a_gpu_decode_that_lost_waiting_on_data_is_tried_again_with_the_incumbents_workers(folder):
+    from pipeline_opt.tune.api import _tune_gpu_decode
+
+    loader = _loader(folder, T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    plan, _ = plan_nvjpeg_decode(loader)
+    # slow file reads: 4 workers deliver 400 img/s (0.32 s a batch) for a 0.05 s step; 8 workers win
+    search = _RecordingSearch(LoaderConfig(8, gpu_transforms=("Normalize",)), wins=lambda n: n == 8,
+                              rates={4: 400.0, 8: 900.0}, compute_s=0.05)
+    _tune_gpu_decode(search, plan, "")
+    tries = [c for c in search.calls if c[0] == "try"]
+    assert [t[2]["num_workers"] for t in tries] == [4, 8]
+    assert "Little's law asks for" in tries[1][1]
+    assert search.calls[-1][0] == "workers" and search.incumbent.decode == "nvjpeg"
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_gpu_decode_starts_with_no_more_workers_than_the_incumbent(workers):
+    from pipeline_opt.tune.api import gpu_decode_workers
+
+    assert gpu_decode_workers(workers, 16) == workers
+    assert gpu_decode_workers(15, 16) == NVJPEG_WORKERS
+    assert gpu_decode_workers(0, 16) == NVJPEG_WORKERS  # the loader had none: the decoder needs a few
+    assert gpu_decode_workers(15, 2) == 2  # the budget's cap
 
 
 def test_without_a_plan_the_gpu_decode_is_skipped_with_the_reason():
