@@ -397,8 +397,7 @@ def _tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         return
     # lost with few workers: where reading the files is what starves the step (a slow disk, a network
     # file system), the same decode with the incumbent's workers may still win
-    tried = inc.with_(num_workers=light, **change)
-    runs = search.evidence(tried) if tried in search.history else []
+    runs = search.evidence(inc.with_(num_workers=light, **change))
     need = workers_to_keep_up(runs[-1], light) if runs else None
     if need is not None and inc.num_workers > light and search.try_change(
             f"{what}, in a background thread, with the incumbent's {inc.num_workers} workers ({light} left the step "
