@@ -90,6 +90,13 @@ def _main_cpu_per_step(main: MainResult, num_workers: int) -> float:
     return max(own, 0.0) / len(main.steps)
 
 
+def _runqueue_per_step(main: MainResult) -> float | None:
+    """Seconds per measured step the training thread waited for a core, or None (not measurable)."""
+    if main.runqueue_s is None or not main.steps:
+        return None
+    return main.runqueue_s / len(main.steps)
+
+
 def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_config: dict[str, Any],
                  device: torch.device, model: torch.nn.Module | None,
                  limit_throughput: float | None, dataset: Any = None,
@@ -148,6 +155,8 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         unshared_batch_bytes=unshared,
         main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)) or None,
         intra_op_threads=torch.get_num_threads(),
+        main_runqueue_s=_runqueue_per_step(main),
+        main_runqueue_frac=_clamp(main.runqueue_s / window) if main.runqueue_s is not None and window > 0 else None,
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),
@@ -177,5 +186,6 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         sync_frac=sync_frac,
         traced_steps=main.traced_steps,
         main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)),
+        main_runqueue_s=_runqueue_per_step(main),
         trace_events=tuple(trace_events),
     )

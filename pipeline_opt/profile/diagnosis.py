@@ -29,6 +29,7 @@ SYNC_HIGH = 0.25  # sync-bound above this share of the window in sync ops
 TRANSFORM_SHARE = 0.05  # a transform worth naming takes at least this share of sample time
 OUTSIDE_SHARE = 0.5  # reading / decoding worth code changes: at least this share of sample time
 SETTING_SHARE = 0.3  # ... worth one setting of the dataset's own (Measurements.decode_advice)
+CORE_WAIT_SHARE = 0.10  # the training thread queued for a core this share of its step: worth a change
 UNSHARED_BATCH_BYTES = 8 << 20  # a collated batch copied again to be sent: worth naming from 8 MiB
 
 # Tensor-level / simple geometric transforms with a GPU counterpart (po.transforms / Kornia).
@@ -81,6 +82,8 @@ class Measurements:
     unshared_batch_bytes: float = 0.0  # per batch, collated into ordinary memory in a worker (copied to be sent)
     main_cpu_s: float | None = None  # the training process's CPU seconds per step outside making batches
     intra_op_threads: int = 1  # torch.get_num_threads() of the training process
+    main_runqueue_s: float | None = None  # per step, the training thread runnable but waiting for a core
+    main_runqueue_frac: float | None = None  # the same as a share of the measured window
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,9 @@ def evidence(m: Measurements) -> tuple[str, ...]:
     if m.sync_frac > 0.01:
         ops = ", ".join(m.sync_ops[:3]) or "sync ops"
         out.append(f"host-device sync / collectives {_pct(m.sync_frac)} of the window ({ops})")
+    if m.main_runqueue_s is not None and m.main_runqueue_frac is not None:
+        out.append(f"the training thread waited {m.main_runqueue_s * 1e3:.1f} ms per step for a free core "
+                   f"({_pct(m.main_runqueue_frac)} of the measured window; runnable, not running)")
     if m.batch_cpu_s > 0:
         budget = step_budget_s(m)
         out.append(f"workers need {m.batch_cpu_s:.4f} s per batch vs a step budget of {budget:.4f} s "
@@ -278,8 +284,34 @@ def _fewer_workers(m: Measurements, why: str) -> list[str]:
     return []
 
 
+def _core_recommendations(m: Measurements) -> list[str]:
+    """The training thread waited for a core for ``CORE_WAIT_SHARE`` of its step or more: whatever the
+    bottleneck's name, the step ran slower because others held the cores. The DataLoader's workers are
+    the usual others: each busy worker keeps a core, and the thread that launches the step (and, with a
+    GPU decode, the thread that decodes) queues behind them."""
+    if m.main_runqueue_frac is None or m.main_runqueue_frac < CORE_WAIT_SHARE:
+        return []
+    waited = (f"the training thread waited for a core {_pct(m.main_runqueue_frac)} of the time "
+              f"({m.num_workers} worker(s) on {m.usable_cpus} usable cores)")
+    if m.num_workers > 0 and m.batch_cpu_s > 0 and step_budget_s(m) > 0:
+        need = workers_needed(m.batch_cpu_s, step_budget_s(m))
+        if need < m.num_workers:
+            return [f"{waited}: lower num_workers from {m.num_workers} to {need} ({_littles_law_text(m)}), which "
+                    "leaves it a core"]
+    return [f"{waited}: leave it a core (fewer workers if the loader keeps up with fewer, fewer other processes "
+            "on the machine); po.autotune measures the worker count"]
+
+
 def recommend(m: Measurements, bottleneck: str) -> tuple[str, ...]:
     """Concrete changes for ``bottleneck`` given ``m``."""
+    core = _core_recommendations(m)
+    rest = [r for r in _bottleneck_recommendations(m, bottleneck)
+            if not (core and r.startswith(f"lower num_workers from {m.num_workers}"))]
+    # a data-bound step needs its data first; otherwise the cores the step queued for come first
+    return tuple(rest + core if bottleneck == "data" else core + rest)
+
+
+def _bottleneck_recommendations(m: Measurements, bottleneck: str) -> list[str]:
     recs: list[str] = []
     if bottleneck == "data":
         recs = _data_recommendations(m)
@@ -309,7 +341,7 @@ def recommend(m: Measurements, bottleneck: str) -> tuple[str, ...]:
             if need > m.num_workers:
                 recs.append(f"raise num_workers from {m.num_workers} to {need} ({_littles_law_text(m)})")
         recs += _transform_recommendations(m) + _collate_recommendations(m)
-    return tuple(recs)
+    return recs
 
 
 def diagnose(m: Measurements) -> Diagnosis:

@@ -46,6 +46,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, schedule
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt._sched import thread_sched
 from pipeline_opt._step import batch_size_of, move_to_device
 from pipeline_opt.profile import trace as trace_mod
 from pipeline_opt.profile.diagnosis import is_sync_op
@@ -100,6 +101,8 @@ class MainResult:
     cpu_s: float = 0.0  # CPU seconds of this process (every thread, no worker process) over the window
     memory: Any = None  # MemoryStats: CUDA peak memory per measured step (not measured on CPU)
     data_cpu_s: float = 0.0  # CPU seconds of this process (all threads) inside next(loader) over the window
+    # seconds the training thread was runnable but waited for a core over the window; None: not measurable
+    runqueue_s: float | None = None
 
 
 @dataclass
@@ -147,6 +150,7 @@ class StepProfiler:
         self._key_averages: Any = None
         self._stopped = False
         self._cpu = [0.0, 0.0]  # process CPU seconds at the window's start and end
+        self._sched: list[tuple[float, float] | None] = [None, None]  # the training thread's, same points
         # process CPU seconds inside next(loader), measured steps only: with num_workers=0 the batch is made
         # here, by the main thread and torch's intra-op threads (ToTensor, Normalize), and all of it is data work
         self._data_cpu = 0.0
@@ -235,6 +239,7 @@ class StepProfiler:
             self._sync()
             self._window[0] = time.time_ns()
             self._cpu[0] = time.process_time()
+            self._sched[0] = thread_sched()
         if self.index == self.trace_start and self.trace_steps:
             self._sync()  # work queued before the trace began is not in it: drain it, or it reads as idle
             self._traced[0] = time.time_ns()
@@ -307,6 +312,7 @@ class StepProfiler:
             self._sync()
             self._window[1] = time.time_ns()
             self._cpu[1] = time.process_time()
+            self._sched[1] = thread_sched()
         if self.trace_steps and self.index == self.total - 1:
             self._sync()  # before prof.step() ends the trace: the traced steps' kernels must have run
             self._traced[1] = time.time_ns()
@@ -326,6 +332,7 @@ class StepProfiler:
             self._sync()
             self._window[1] = time.time_ns()
             self._cpu[1] = time.process_time()
+            self._sched[1] = thread_sched()
         if self._traced[0] and not self._traced[1]:
             self._sync()
             self._traced[1] = time.time_ns()
@@ -384,8 +391,15 @@ class StepProfiler:
             gpu_idle_frac=self._gpu_idle(events) if self.cuda and offset_ok else None,
             cpu_s=max(self._cpu[1] - self._cpu[0], 0.0) if self._window[0] else 0.0,
             data_cpu_s=self._data_cpu,
+            runqueue_s=self._runqueue_s(),
             memory=self._memory_stats(),
         )
+
+    def _runqueue_s(self) -> float | None:
+        start, end = self._sched
+        if not self._window[0] or start is None or end is None:
+            return None
+        return max(0.0, end[1] - start[1])
 
     def _memory_stats(self) -> Any:
         stats = self.memory.stats()

@@ -87,6 +87,9 @@ class ProfileReport:
     # CPU seconds per measured step of the training process outside making batches in its own main
     # thread (the step, the pin-memory thread, intra-op threads, receiving the workers' batches); 0: unknown
     main_cpu_s: float = 0.0
+    # seconds per measured step the training thread was runnable but waited for a core (workers or other
+    # processes holding them); None where the kernel does not report it
+    main_runqueue_s: float | None = None
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:

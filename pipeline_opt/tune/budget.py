@@ -37,6 +37,7 @@ import psutil
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt._sched import thread_sched
 from pipeline_opt.profile.cpu_share import reserved_cpus
 
 log = get_logger("tune.budget")
@@ -216,16 +217,6 @@ class BatchProbe:
         return 1.0 if own <= 0 else min(1.0, self.cpu_s / own)
 
 
-def _thread_sched() -> tuple[float, float] | None:
-    """(cpu seconds, run-queue wait seconds) of this thread from /proc schedstat; None where unavailable."""
-    try:
-        with open("/proc/thread-self/schedstat") as fh:
-            run_ns, wait_ns, _ = fh.read().split()
-        return int(run_ns) / 1e9, int(wait_ns) / 1e9
-    except (OSError, ValueError):
-        return None
-
-
 def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> BatchProbe | None:
     """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error.
 
@@ -237,9 +228,9 @@ def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> Batc
     try:
         clone = clone_loader(loader, num_workers=0)
         it = iter(clone)
-        s0, c0, t0 = _thread_sched(), time.process_time(), time.perf_counter()
+        s0, c0, t0 = thread_sched(), time.process_time(), time.perf_counter()
         batch = next(it)
-        wall, cpu, s1 = time.perf_counter() - t0, time.process_time() - c0, _thread_sched()
+        wall, cpu, s1 = time.perf_counter() - t0, time.process_time() - c0, thread_sched()
         del it
     except Exception as exc:  # the baseline measurement surfaces real errors with context
         log.debug("batch probe failed (%s); assuming CPU-bound workers", exc)

@@ -155,3 +155,40 @@ def test_a_cpu_step_spread_over_the_workers_cores_gets_a_thread_count():
     assert not any("set_num_threads" in r for r in cpu(device_type="cuda"))  # a GPU step uses one thread
     (none_yet,) = [r for r in cpu(num_workers=0) if "set_num_threads" in r]  # the workers it recommends count
     assert "set_num_threads(1)" in none_yet
+
+
+def test_a_training_thread_queued_for_a_core_is_named_with_fewer_workers():
+    # YOLO at 8 cores on an H100: the loader kept up (6% data wait) and the step still ran at 0.77x of
+    # its limit; a training thread that waits for a core looks the same in wall and CPU time
+    m = _gpu(step_time_s=0.1, compute_time_s=0.08, launch_time_s=0.06, data_wait_frac=0.06, gpu_idle_frac=0.1,
+             num_workers=8, usable_cpus=8, batch_cpu_s=0.3, main_runqueue_s=0.02,
+             main_runqueue_frac=0.2)
+    d = diagnose(m)
+    assert any("waited 20.0 ms per step for a free core (20% of the measured window" in e for e in d.evidence)
+    recs = d.recommendations
+    assert recs[0].startswith("the training thread waited for a core 20% of the time (8 worker(s) on 8 usable")
+    assert "lower num_workers from 8 to 5" in recs[0]  # ceil(0.3 / 0.08) + 1
+    assert sum("lower num_workers" in r for r in recs) == 1  # not repeated by the compute rule
+
+
+def test_a_short_core_wait_is_evidence_only_and_an_unmeasured_one_is_silent():
+    short = diagnose(_gpu(num_workers=8, batch_cpu_s=0.1, main_runqueue_s=0.002, main_runqueue_frac=0.02))
+    assert any("waited 2.0 ms per step" in e for e in short.evidence)
+    assert not any("for a core" in r for r in short.recommendations)
+    unmeasured = diagnose(_gpu(num_workers=8, batch_cpu_s=0.1))
+    assert not any("free core" in e for e in unmeasured.evidence)
+
+
+def test_a_core_wait_with_workers_all_needed_asks_to_leave_the_thread_a_core():
+    m = _gpu(step_time_s=0.1, compute_time_s=0.08, data_wait_frac=0.05, num_workers=4, usable_cpus=4,
+             batch_cpu_s=0.5, main_runqueue_s=0.015, main_runqueue_frac=0.15)
+    recs = diagnose(m).recommendations
+    assert recs[0].endswith("po.autotune measures the worker count") and "leave it a core" in recs[0]
+
+
+def test_a_data_bound_step_gets_its_data_recommendations_before_the_core_wait():
+    m = _gpu(step_time_s=0.24, compute_time_s=0.09, data_wait_frac=0.55, gpu_idle_frac=0.6, num_workers=4,
+             batch_cpu_s=1.0, main_runqueue_s=0.03, main_runqueue_frac=0.12)
+    recs = diagnose(m).recommendations
+    assert recs[0].startswith("raise num_workers from 4 to 13")
+    assert any(r.startswith("the training thread waited for a core 12%") for r in recs[1:])

@@ -397,3 +397,24 @@ def test_a_preparing_threads_decode_shows_on_its_own_track_overlapping_the_steps
     names = [e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("tid") == PREPARE_TID
              and e.get("name") == "thread_name"]
     assert names == ["DeviceLoader preparing thread"]
+
+
+def test_the_training_threads_wait_for_a_core_reaches_the_report(monkeypatch):
+    # the kernel's counters are faked: this machine's sandbox reports none (thread_sched is None)
+    from pipeline_opt.profile import main_profiler
+
+    readings = iter([(1.0, 0.25), (2.0, 0.40)])  # the window's start and end: 0.15 s waited over it
+    monkeypatch.setattr(main_profiler, "thread_sched", lambda: next(readings))
+    report = po.profile(DataLoader(Ready(), batch_size=8), tiny_model(), steps=3, warmup=1, limit=False,
+                        trace_steps=0)
+    assert report.main_runqueue_s == pytest.approx(0.15 / 3)
+    assert report.to_dict()["main_runqueue_s"] == pytest.approx(0.05)
+    assert any("waited 50.0 ms per step for a free core" in e for e in report.evidence)
+
+
+def test_an_unmeasurable_wait_for_a_core_is_none(monkeypatch):
+    from pipeline_opt.profile import main_profiler
+
+    monkeypatch.setattr(main_profiler, "thread_sched", lambda: None)
+    report = po.profile(DataLoader(Ready(), batch_size=8), tiny_model(), steps=3, warmup=1, limit=False)
+    assert report.main_runqueue_s is None and not any("free core" in e for e in report.evidence)
