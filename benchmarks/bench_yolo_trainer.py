@@ -177,6 +177,8 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     steps = report.get("steps") or []
     gpu = summary.get("gpu_augment") or {}
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
+            # the training process's CPU per step, and the training thread's wait for a free core
+            "main_cpu_s": report.get("main_cpu_s"), "main_runqueue_s": report.get("main_runqueue_s"),
             "steps": len(steps), "wall_s": wall, "shared_slots": summary.get("shared_slots"),
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
