@@ -12,11 +12,12 @@ The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules)
 3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
    wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
    offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
-   (nvJPEG, in a background thread, with at most 4 workers: they only read files); on CUDA, shared slots (workers reuse page-locked buffers) right away for batches of
-   16 MB or more; hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory,
-   shared slots, persistent_workers, prefetch_factor; finally re-check the winner against the
-   baseline (every exploring trial leaves the time for that check). Trial
-   windows follow the predicted step time (:mod:`pipeline_opt.tune.timing`);
+   (nvJPEG, in a background thread, with at most 4 workers: they only read files); on CUDA,
+   shared slots (workers reuse page-locked buffers) right away for batches of 16 MB or more;
+   hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory, shared slots,
+   persistent_workers, prefetch_factor; finally re-check the winner against the baseline (every
+   exploring trial leaves the time for that check). Trial windows follow the predicted step time
+   (:mod:`pipeline_opt.tune.timing`);
 4. build the winning loader from the user's loader (same dataset, sampler, collate, generator ...)
    and profile it briefly (the best report), within the 10% of the budget kept for it.
 
