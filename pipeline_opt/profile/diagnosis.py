@@ -210,7 +210,8 @@ def _data_recommendations(m: Measurements) -> list[str]:
         if target > m.num_workers:
             recs.append(f"raise num_workers from {m.num_workers} to {target} ({_littles_law_text(m)})")
         if need > cap:
-            recs.append(f"{need} workers would be needed but only {cap} cores are free for workers: "
+            free = f"{cap} cores are" if cap != 1 else "1 core is"
+            recs.append(f"{need} workers would be needed but only {free} free for workers: "
                         "reduce the CPU work per sample (below)")
         if need <= m.num_workers:
             recs.append(f"{m.num_workers} workers already cover the {m.batch_cpu_s:.3f} s of CPU per batch: the wait "
