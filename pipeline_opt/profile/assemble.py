@@ -129,6 +129,9 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
     efficiency = throughput / limit_throughput if limit_throughput else None
     dtype, has_conv = model_facts(model)
     env = environment(device)
+    num_workers = int(loader_config.get("num_workers") or 0)
+    main_cpu_s = _main_cpu_per_step(main, num_workers)
+    runqueue_s = _runqueue_per_step(main)
     measurements = Measurements(
         device_type=device.type,
         step_time_s=step_time,
@@ -141,7 +144,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         batch_cpu_s=batch_cpu_s,
         sample_s=sample_s,
         transform_s=transform_s,
-        num_workers=int(loader_config.get("num_workers") or 0),
+        num_workers=num_workers,
         prefetch_factor=loader_config.get("prefetch_factor"),
         pin_memory=bool(loader_config.get("pin_memory")),
         persistent_workers=bool(loader_config.get("persistent_workers")),
@@ -153,14 +156,14 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         limit_throughput=limit_throughput,
         decode_advice=decode_advice(dataset) if (outside_share(sample_s, transform_s) or 0.0) >= SETTING_SHARE else "",
         unshared_batch_bytes=unshared,
-        main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)) or None,
+        main_cpu_s=main_cpu_s or None,
         intra_op_threads=torch.get_num_threads(),
-        main_runqueue_s=_runqueue_per_step(main),
+        main_runqueue_s=runqueue_s,
         main_runqueue_frac=_clamp(main.runqueue_s / window) if main.runqueue_s is not None and window > 0 else None,
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),
-                               num_workers=int(loader_config.get("num_workers") or 0), thread_spans=thread_spans)
+                               num_workers=num_workers, thread_spans=thread_spans)
     return ProfileReport(
         throughput=throughput,
         step_time_s=step_time,
@@ -185,7 +188,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         environment=env,
         sync_frac=sync_frac,
         traced_steps=main.traced_steps,
-        main_cpu_s=_main_cpu_per_step(main, int(loader_config.get("num_workers") or 0)),
-        main_runqueue_s=_runqueue_per_step(main),
+        main_cpu_s=main_cpu_s,
+        main_runqueue_s=runqueue_s,
         trace_events=tuple(trace_events),
     )
