@@ -13,8 +13,8 @@ SCHEDSTAT = "/proc/thread-self/schedstat"
 
 def thread_sched(path: str = SCHEDSTAT) -> tuple[float, float] | None:
     """(seconds on a CPU, seconds runnable and waiting for a CPU) of the calling thread, or None where the
-    file is missing, unreadable, or reports no run time at all (sandboxed kernels such as gVisor
-    return zeros, which would read as "never waited")."""
+    file is missing, unreadable, or reports no run time at all (a kernel built without scheduler
+    statistics reports zeros, which would read as "never waited")."""
     try:
         with open(path) as fh:
             run_ns, wait_ns, _ = fh.read().split()

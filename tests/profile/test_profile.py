@@ -400,7 +400,7 @@ def test_a_preparing_threads_decode_shows_on_its_own_track_overlapping_the_steps
 
 
 def test_the_training_threads_wait_for_a_core_reaches_the_report(monkeypatch):
-    # the kernel's counters are faked: this machine's sandbox reports none (thread_sched is None)
+    # the kernel's counters are faked, so that the wait is known exactly
     from pipeline_opt.profile import main_profiler
 
     readings = iter([(1.0, 0.25), (2.0, 0.40)])  # the window's start and end: 0.15 s waited over it
