@@ -12,7 +12,8 @@ injected numbers. The rules:
   made every gain look like noise): the half-spread of the baseline's repeat windows, and the
   relative difference between repeated measurements of the baseline (the baseline and the first
   guess are measured interleaved, A B A B). The larger is the noise. Windows of the baseline's
-  profile stand in for a baseline trial only until one is measured (:meth:`Search.evidence`). Repeats of a candidate feed
+  profile stand in for a baseline trial's median only until one is measured (:meth:`Search.evidence`);
+  they never set the noise (a profile's windows are a few steps under a profiler). Repeats of a candidate feed
   its pooled median, not the noise: a candidate's slow first run (worker start-up) must not make
   every later gain look like noise.
 * A candidate is accepted only when its median beats the incumbent's reference (its pooled median;
@@ -176,8 +177,12 @@ class Search:
         return max(candidate.steady_spread, statistics.median(earlier) if earlier else 0.0) / 2
 
     def _update_noise(self) -> None:
+        """The noise from the baseline's plain trials only. A profile's windows are a few steps each
+        (two, for a loader without workers) under a profiler, so their spread is not a trial's: a
+        CPU demo's 0-worker profile read ±36% and made a +12% gain of persistent workers look like
+        noise. Until the baseline has a trial, the window spreads of each comparison guard it."""
         noise = 0.0
-        base = self.evidence(self.baseline) if self.baseline is not None else []
+        base = [m for m in self.evidence(self.baseline) if not m.from_profile] if self.baseline is not None else []
         if base:
             noise = statistics.median(m.steady_spread for m in base) / 2
             noise = max(noise, repeat_noise([m.median for m in base]))

@@ -667,3 +667,23 @@ def test_a_clear_winner_known_from_one_trial_is_measured_again_before_the_claim(
     assert out.best == winner
     # the pooled windows of the two trials, not the lucky one alone (2700 * 1.15 / 250 = 12.4x)
     assert out.speedup < 2700.0 * 1.15 / 250.0 * 0.97
+
+
+def test_a_noisy_profile_of_the_baseline_does_not_set_the_noise():
+    # the CPU demo: the 0-worker baseline's profile (windows of two steps under a profiler) read
+    # ±36%, the noise became ±18%, and persistent workers' +12% was rejected as noise
+    base, guess = LoaderConfig(0), LoaderConfig(2, prefetch_factor=2)
+    persistent = guess.with_(persistent_workers=True)
+    rates = {base: 135.0, guess: 300.0, persistent: 338.0}
+    s, ev = _search(lambda c: rates[c], max_workers=2)
+    profiled = Measurement(windows=(95.0, 135.0, 150.0), steps_per_window=2, batch_size=8, startup_s=0.0,
+                           elapsed_s=2.0, from_profile=True)
+    s.start(base, profiled)
+    assert s.noise == 0.0  # no plain trial of the baseline yet
+    s.calibrate(guess, "guess")  # a clear win: the guess twice
+    assert s.incumbent == guess and base not in ev.calls
+    assert s.try_change("persistent_workers -> True", persistent_workers=True)
+    assert s.incumbent == persistent
+    s.confirm()
+    assert ev.calls.count(base) == 1 and s.noise < 0.05  # the plain baseline trial sets the noise
+    assert s.outcome().best == persistent
