@@ -28,7 +28,7 @@ from pipeline_opt._version import __version__
 
 log = get_logger("cli")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 
 
 class CLIError(Exception):
@@ -358,12 +358,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("pipeline-opt: interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as Unix tools do
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # the user's code or the run failed: one clear line, traceback with -v
         if args.verbose:
             log.exception("%s failed", args.command)
         sys.stderr.write(f"pipeline-opt {args.command}: failed: {type(exc).__name__}: {exc}"
                          f"{'' if args.verbose else ' (run with -v for the traceback)'}\n")
         return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not raise again on the
+    closed pipe. A stdout without a file descriptor (a test's capture) is left as it is."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

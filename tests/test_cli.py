@@ -315,3 +315,21 @@ def test_bench_run_executes_the_benchmark_and_records_it(tmp_path, monkeypatch, 
     assert cli.main(["-q", "bench", "--run", "fake", "--bench-args=--fail"]) == cli.EXIT_FAILED
     assert cli.main(["-q", "bench", "--run", "nope"]) == cli.EXIT_USAGE
     assert "benchmarks/bench_nope.py not found" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    # `pipeline-opt tune ... | head`: head exits, the next write raises BrokenPipeError
+    code = ("import sys\n"
+            "from pipeline_opt import cli\n"
+            "def flood(args):\n"
+            "    for _ in range(100000): print('x' * 80)\n"
+            "    return 0\n"
+            "cli.cmd_doctor = flood\n"
+            "sys.exit(cli.main(['doctor']))\n")
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    proc = subprocess.run([sys.executable, "-c", code], stdout=reader.stdin, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+    reader.stdin.close()
+    reader.wait(timeout=30)
+    assert proc.returncode == 141, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr and "failed" not in proc.stderr
