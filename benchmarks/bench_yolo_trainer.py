@@ -168,10 +168,11 @@ def row_workers(row: str, sizes: Sizes) -> int:
 
 def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[str, Any]:
     """One child run of ``row``: its throughput, data wait and shared-slot counts, or the failure."""
+    workers = row_workers(row, sizes)
     cmd = [sys.executable, "-m", "benchmarks.bench_yolo_trainer", "--child", "--data", str(data),
            "--workdir", str(work), "--attach", json.dumps(ROWS[row]), "--steps", str(sizes.steps),
            "--warmup", str(sizes.warmup), "--imgsz", str(sizes.imgsz), "--batch", str(sizes.batch),
-           "--workers", str(row_workers(row, sizes)), "--seed", str(args.seed)]
+           "--workers", str(workers), "--seed", str(args.seed)]
     if args.device:
         cmd += ["--device", args.device]
     t0 = time.monotonic()
@@ -191,7 +192,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
             # the training process's CPU per step, and the training thread's wait for a free core
             "main_cpu_s": report.get("main_cpu_s"), "main_runqueue_s": report.get("main_runqueue_s"),
-            "steps": len(steps), "wall_s": wall, "workers": row_workers(row, sizes), "shared_slots": summary.get("shared_slots"),
+            "steps": len(steps), "wall_s": wall, "workers": workers, "shared_slots": summary.get("shared_slots"),
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
             "image_cache": summary.get("image_cache"),

@@ -178,9 +178,9 @@ class Search:
 
     def _update_noise(self) -> None:
         """The noise from the baseline's plain trials only. A profile's windows are a few steps each
-        (two, for a loader without workers) under a profiler, so their spread is not a trial's: a
-        CPU demo's 0-worker profile read ±36% and made a +12% gain of persistent workers look like
-        noise. Until the baseline has a trial, the window spreads of each comparison guard it."""
+        (two, for a loader without workers) under a profiler, so their spread is not a trial's and,
+        set as the noise, hides real gains (persistent workers' on a short epoch). Until the baseline
+        has a trial, the window spreads of each comparison guard it."""
         noise = 0.0
         base = [m for m in self.evidence(self.baseline) if not m.from_profile] if self.baseline is not None else []
         if base:
