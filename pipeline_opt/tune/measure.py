@@ -5,9 +5,9 @@ start-up, and the burst of one batch per worker that was ready when the first on
 times ``windows`` windows of ``steps`` training steps each, synchronising the device at every
 window boundary. Epochs are chained, so a short dataset pays its worker restarts like a real
 training run does, and every window pays them in proportion to its steps (:func:`epoch_charged`):
-the wait of a step that began a new epoch (worker start-up unless persistent, then refilling the
-empty pipeline) is taken out of the window it fell in and ``steps / batches_per_epoch`` restarts
-are charged to every window instead. Without that, on a 4-batch epoch two of three short windows
+an epoch start's extra wait (worker start-up unless persistent, then refilling the empty pipeline:
+:func:`restart_extra`) is taken out of the window it fell in and ``steps / batches_per_epoch``
+restarts are charged to every window instead. Without that, on a 4-batch epoch two of three short windows
 miss the restart and their median hides it: persistent workers could never win, and a candidate
 with fewer workers (shorter windows of whole worker rounds) read faster than one with more.
 Every trial ends with its worker processes shut down; a worker that died or
@@ -332,8 +332,10 @@ def measure_throughput(
     stream = BatchStream(loader)
     t_start = time.perf_counter()
     results: list[WindowTiming] = []
-    waits: list[float] = []  # data waits of the measured steps that did not start an epoch
-    restart_waits: list[tuple[int, float]] = []  # (window index, -1 in the warm-up; its wait)
+    waits: list[float] = []  # data waits of the measured steps outside an epoch's first round
+    restart_waits: list[tuple[int, list[float]]] = []  # per epoch start: (window index, -1 in the
+    # warm-up; the waits of its first round of batches, one per worker)
+    round_size = max(1, workers)
     batch_size = 0
     startup = 0.0
     computes: list[float] = []
@@ -344,7 +346,9 @@ def measure_throughput(
             if i == 0:
                 startup = time.perf_counter() - t_start
             elif new_epoch:
-                restart_waits.append((-1, wait))
+                restart_waits.append((-1, [wait]))
+            elif restart_waits and stream.since_start <= round_size:
+                restart_waits[-1][1].append(wait)
             synchronize(device)
             c0 = time.perf_counter()
             _step(step_fn, model, batch, device)
@@ -359,7 +363,9 @@ def measure_throughput(
                 # a new epoch's first skip + 1 batches carry its workers' start-up, as the first epoch's did
                 restarted |= workers > 0 and stream.since_start <= skip + 1
                 if new_epoch:
-                    restart_waits.append((k, wait))
+                    restart_waits.append((k, [wait]))
+                elif restart_waits and stream.since_start <= round_size:
+                    restart_waits[-1][1].append(wait)  # the rest of the restart's first round
                 else:
                     waits.append(wait)
                 _step(step_fn, model, batch, device)
@@ -379,14 +385,14 @@ def measure_throughput(
         killed = reap_new_children(before)
     if killed and not results:
         raise TrialFailed("worker_died", f"{len(killed)} worker(s) did not exit and were killed")
-    normal = float(statistics.median(waits)) if waits else 0.0
-    extra = [(k, max(0.0, w - normal)) for k, w in restart_waits]
+    normal = statistics.fmean(waits) if waits else 0.0
+    extra = [(k, restart_extra(first_round, normal)) for k, first_round in restart_waits]
     if extra:
         restart = statistics.fmean(x for _, x in extra)
     elif continuous(loader):
         restart = 0.0
     else:
-        restart = timing.restart_estimate(startup, workers, persistent_of(loader))
+        restart = timing.restart_estimate(startup, workers, persistent_of(loader), normal * round_size)
     timed = [WindowTiming(w.seconds, w.samples, w.steps, tuple(x for j, x in extra if j == k))
              for k, w in enumerate(results)]
     return Measurement(windows=epoch_charged(timed, epoch, restart), steps_per_window=steps,
@@ -394,6 +400,15 @@ def measure_throughput(
                        compute_s=float(statistics.median(computes)) if computes else 0.0,
                        batches_per_epoch=epoch, restart_s=restart, restarts_seen=len(extra),
                        startup_windows=tuple(startup_windows))
+
+
+def restart_extra(first_round_waits: list[float], steady_wait_s: float) -> float:
+    """Extra seconds an epoch start cost: the waits of its first round of batches (one per worker:
+    the first waits for the start-up and a whole batch, the rest of the round arrive with it) less
+    the same number of steady steps' mean wait. Workers started together deliver in bursts, a long
+    wait then several none, so the first batch's wait alone, or a median steady wait of zero, would
+    charge a whole round's wait to every epoch as if it were extra."""
+    return max(0.0, sum(first_round_waits) - len(first_round_waits) * steady_wait_s)
 
 
 def _timed_next(stream: BatchStream) -> tuple[Any, float, bool]:

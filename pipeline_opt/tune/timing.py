@@ -127,16 +127,18 @@ def predict_step_s(batch_s: float, num_workers: int, compute_s: float, usable_cp
     return max(compute_s, batch_s / effective_workers(num_workers, usable_cpus))
 
 
-def restart_estimate(startup_s: float, num_workers: int, persistent: bool) -> float:
+def restart_estimate(startup_s: float, num_workers: int, persistent: bool, round_wait_s: float = 0.0) -> float:
     """Extra seconds a new epoch costs when a trial saw none begin: a fresh iterator's start-up
     (``startup_s``, from ``iter()`` to the first batch: the workers' start and a whole batch's
-    latency), less the workers' start for persistent workers (they only refill the pipeline), and
-    nothing without workers (the main process makes the next batch as it would mid-epoch)."""
+    latency), less the workers' start for persistent workers (they only refill the pipeline), less
+    ``round_wait_s`` (what a steady round of one batch per worker waits: that round arrives with the
+    first batch), and nothing without workers (the main process makes the next batch as it would
+    mid-epoch)."""
     if num_workers <= 0 or not startup_s > 0:
         return 0.0
     if persistent:
-        return max(0.0, startup_s - (SPAWN_S + SPAWN_PER_WORKER_S * num_workers))
-    return startup_s
+        startup_s -= SPAWN_S + SPAWN_PER_WORKER_S * num_workers
+    return max(0.0, startup_s - max(0.0, round_wait_s))
 
 
 def trial_seconds(step_s: float, num_workers: int, *, windows: int, steps: int, warmup: int,

@@ -19,6 +19,7 @@ from pipeline_opt.tune.measure import (
     epoch_charged,
     live_children,
     measure_throughput,
+    restart_extra,
 )
 
 CPU = torch.device("cpu")
@@ -127,6 +128,38 @@ def test_a_short_epochs_worker_start_up_is_counted_in_every_window(one_torch_thr
     assert kept.restart_s < 0.15, "persistent workers only refill the pipeline"
     assert kept.median > 1.5 * fresh.median, (kept.windows, fresh.windows)
     assert fresh.spread < 0.5, "every window pays the same share of the restarts"
+
+
+def test_restart_extra_is_the_first_rounds_wait_beyond_a_steady_rounds():
+    # 4 workers in lockstep: a steady round waits 0.4 s then 0, 0, 0 (mean 0.1 s a step); a new
+    # epoch's round waits 0.5 s (0.1 s of start-up, then the same batch) then 0, 0, 0
+    assert restart_extra([0.5, 0.0, 0.0, 0.0], 0.1) == pytest.approx(0.1)
+    assert restart_extra([0.5], 0.1) == pytest.approx(0.4)  # one worker: the whole wait beyond a step's
+    assert restart_extra([0.0, 0.0], 0.1) == 0.0  # never negative
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_in_lockstep_on_a_short_epoch_read_what_the_loop_gets(persistent, one_torch_thread):
+    # 4 workers take 0.1 s a batch together, so batches arrive in bursts of 4 (a 0.1 s wait, then
+    # three of none); 16 batches an epoch, windows of one round. Charging each epoch start its first
+    # batch's whole wait as extra (the steady median wait is 0) read 0.81-0.85x the plain loop.
+    def loader():
+        return DataLoader(SlowIO(n=64, latency_s=0.025), batch_size=4, num_workers=4,
+                          persistent_workers=persistent)
+
+    model, plain, samples = tiny_model(), loader(), 0
+    for _ in plain:  # the first epoch: start-up, as the trial's discarded warm-up
+        pass
+    t0 = time.perf_counter()
+    for _ in range(5):
+        for batch in plain:
+            default_step(model, batch)
+            samples += batch[0].shape[0]
+    loop = samples / (time.perf_counter() - t0)
+    m = measure_throughput(loader(), tiny_model(), default_step, CPU, windows=4, steps=4, warmup=1)
+    assert m.restarts_seen >= 1
+    assert 0.9 < m.median / loop < 1.1, (m.median, loop, m.windows, m.restart_s)
 
 
 def test_epoch_charged_moves_each_windows_restarts_into_proportion():

@@ -140,6 +140,9 @@ def test_a_short_epoch_gets_windows_of_whole_epochs():
     assert timing.restart_estimate(1.0, 4, persistent=False) == 1.0
     assert timing.restart_estimate(1.0, 4, persistent=True) == pytest.approx(1.0 - 0.3 - 0.2)
     assert timing.restart_estimate(1.0, 0, persistent=False) == 0.0
+    # the round that arrives with the first batch is not extra: a steady round waits 0.6 s of it
+    assert timing.restart_estimate(1.0, 4, persistent=False, round_wait_s=0.6) == pytest.approx(0.4)
+    assert timing.restart_estimate(1.0, 4, persistent=True, round_wait_s=0.6) == 0.0
 
 
 def test_the_plan_counts_the_trials_that_fit_and_names_the_budget_that_would():
