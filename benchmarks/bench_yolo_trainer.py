@@ -22,8 +22,6 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
                                                every image once, before training, and the workers read
                                                them from memory (what the profile report recommends
                                                when decoding holds the workers back)
-    ..., 6 workers                             the warp row with 6 workers (at most --workers): whether
-                                               the training process, not the loader, is short of a core
 
     python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
@@ -64,15 +62,11 @@ ROWS: dict[str, dict[str, Any]] = {
                                                   "shared_slots": "force"},
     "trainer, GPU HSV/flip/warp + shared slots, cache='ram'": {"gpu_augment": "force", "gpu_affine": "force",
                                                                "shared_slots": "force", "cache": "ram"},
-    # the warp row with two fewer workers: whether the training process waits for a core
-    "trainer, GPU HSV/flip/warp + shared slots, 6 workers": {"gpu_augment": "force", "gpu_affine": "force",
-                                                              "shared_slots": "force", "workers": 6},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
 WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
 WARP_RAM_ROW = "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"
 GPU_ROW = "trainer, GPU HSV/flip"
-WARP_6W_ROW = "trainer, GPU HSV/flip/warp + shared slots, 6 workers"
 
 
 @dataclass(frozen=True)
@@ -144,7 +138,6 @@ def child(args: Any) -> int:
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
     cache = options.pop("cache", False)  # a train() argument, not attach()'s
-    options.pop("workers", None)  # the row's worker count came as --workers
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
@@ -161,18 +154,12 @@ def child(args: Any) -> int:
     return 3  # the window never completed
 
 
-def row_workers(row: str, sizes: Sizes) -> int:
-    """The row's own worker count (never more than the run's), else the run's ``--workers``."""
-    return min(int(ROWS[row].get("workers", sizes.workers)), sizes.workers)
-
-
 def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[str, Any]:
     """One child run of ``row``: its throughput, data wait and shared-slot counts, or the failure."""
-    workers = row_workers(row, sizes)
     cmd = [sys.executable, "-m", "benchmarks.bench_yolo_trainer", "--child", "--data", str(data),
            "--workdir", str(work), "--attach", json.dumps(ROWS[row]), "--steps", str(sizes.steps),
            "--warmup", str(sizes.warmup), "--imgsz", str(sizes.imgsz), "--batch", str(sizes.batch),
-           "--workers", str(workers), "--seed", str(args.seed)]
+           "--workers", str(sizes.workers), "--seed", str(args.seed)]
     if args.device:
         cmd += ["--device", args.device]
     t0 = time.monotonic()
@@ -192,7 +179,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
             # the training process's CPU per step, and the training thread's wait for a free core
             "main_cpu_s": report.get("main_cpu_s"), "main_runqueue_s": report.get("main_runqueue_s"),
-            "steps": len(steps), "wall_s": wall, "workers": workers, "shared_slots": summary.get("shared_slots"),
+            "steps": len(steps), "wall_s": wall, "workers": sizes.workers, "shared_slots": summary.get("shared_slots"),
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
             "image_cache": summary.get("image_cache"),
@@ -269,7 +256,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_warp", "slots_warp_ram", "slots_warp_6w"), ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_warp", "slots_warp_ram"), ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -294,11 +281,6 @@ def caveats(results: dict[str, list[dict[str, Any]]]) -> list[str]:
         other = sum(1 for o in ok if o.get("image_cache") != cache)
         if other:
             out.append(f"{name}: the image cache was not {cache!r} in {other} of {len(ok)} runs")
-        if "workers" in ROWS[name]:
-            other = [o for o in ok if (o.get("train_loader") or {}).get("num_workers") not in (o.get("workers"), None)]
-            if other:
-                out.append(f"{name}: the loader had another worker count than the {other[0].get('workers')} "
-                           f"asked for in {len(other)} of {len(ok)} runs")
         if ROWS[name].get("shared_slots"):
             missed = sum(1 for o in ok if not (o.get("shared_slots") or {}).get("applied"))
             if missed:
@@ -326,7 +308,6 @@ def expected_moves(options: dict[str, Any]) -> set[str]:
 
 FEATURES = {  # feature -> (the row with it, the same row without it)
     "shared slots": (SLOTS_ROW, GPU_ROW),
-    "6 workers instead of the run's": (WARP_6W_ROW, WARP_ROW),
 }
 
 
