@@ -78,13 +78,14 @@ class Sizes:
     workers: int = 8
     steps: int = 40
     warmup: int = 56  # > workers x (prefetch 4 + 2 extra slots): every slot used once before the window
+    trace_steps: int = 4  # torch.profiler steps after the window: the training thread's top CPU ops, GPU idle
     rounds: int = 3
     child_timeout_s: float = 150.0
     budget_s: float = 330.0  # no new round starts after this
 
 
-QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=4, workers=1, steps=2, warmup=2, rounds=1,
-              child_timeout_s=120.0, budget_s=240.0)
+QUICK = Sizes(n_train=16, image_size=(160, 120), imgsz=64, batch=4, workers=1, steps=2, warmup=2, trace_steps=1,
+              rounds=1, child_timeout_s=120.0, budget_s=240.0)
 
 
 class _Indices(torch.utils.data.Dataset):
@@ -141,7 +142,7 @@ def child(args: Any) -> int:
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
-    attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=0,
+    attach(model, profile=True, tune=False, steps=args.steps, warmup=args.warmup, trace_steps=args.trace_steps or 0,
            output_dir=work / "pipeline_opt", workers=args.workers, **options)
     device = "cpu" if args.device == "cpu" else 0
     try:
@@ -158,8 +159,8 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     """One child run of ``row``: its throughput, data wait and shared-slot counts, or the failure."""
     cmd = [sys.executable, "-m", "benchmarks.bench_yolo_trainer", "--child", "--data", str(data),
            "--workdir", str(work), "--attach", json.dumps(ROWS[row]), "--steps", str(sizes.steps),
-           "--warmup", str(sizes.warmup), "--imgsz", str(sizes.imgsz), "--batch", str(sizes.batch),
-           "--workers", str(sizes.workers), "--seed", str(args.seed)]
+           "--warmup", str(sizes.warmup), "--trace-steps", str(sizes.trace_steps), "--imgsz", str(sizes.imgsz),
+           "--batch", str(sizes.batch), "--workers", str(sizes.workers), "--seed", str(args.seed)]
     if args.device:
         cmd += ["--device", args.device]
     t0 = time.monotonic()
@@ -179,6 +180,9 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
             # the training process's CPU per step, and the training thread's wait for a free core
             "main_cpu_s": report.get("main_cpu_s"), "main_runqueue_s": report.get("main_runqueue_s"),
+            # from the traced steps after the window: where the training thread's CPU goes, and the GPU idle
+            "traced_steps": report.get("traced_steps"), "gpu_idle_frac": report.get("gpu_idle_frac"),
+            "top_cpu_ops": (report.get("top_cpu_ops") or [])[:10],
             "steps": len(steps), "wall_s": wall, "workers": sizes.workers, "shared_slots": summary.get("shared_slots"),
             "gpu_augment_applied": gpu.get("applied", False),
             "moved_to_device": [s["name"] for s in gpu.get("cpu_stages_disabled") or []],
@@ -340,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p = H.common_parser(__doc__.splitlines()[0])
     p.add_argument("--child", action="store_true", help=argparse_hidden())
     for flag, kind in (("--data", str), ("--workdir", str), ("--attach", str), ("--steps", int),
-                       ("--warmup", int), ("--imgsz", int), ("--batch", int), ("--workers", int)):
+                       ("--warmup", int), ("--trace-steps", int), ("--imgsz", int), ("--batch", int),
+                       ("--workers", int)):
         p.add_argument(flag, type=kind, default=None, help=argparse_hidden())
     p.add_argument("--rows", default=None,
                    help="comma-separated rows to run (default: all): " + ", ".join(ROW_KEYS))

@@ -404,6 +404,8 @@ def test_yolo_trainer_rows_trained_what_they_say(results):
     assert res["summary"]["caveats"] == above_limit
     (slots_run,) = rows["trainer, GPU HSV/flip + shared slots"]["meta"]["runs"]
     assert slots_run["shared_slots"]["applied"] and slots_run["shared_slots"]["stats"]["slotted"] > 0
+    # the traced step after the window says where the training thread's CPU went
+    assert slots_run["traced_steps"] >= 1 and slots_run["top_cpu_ops"][0]["self_cpu_s"] > 0
     (cpu_run,) = rows["trainer, CPU augmentation"]["meta"]["runs"]
     assert not cpu_run["gpu_augment_applied"] and not cpu_run["shared_slots"]["applied"]
     assert cpu_run["moved_to_device"] == []
