@@ -7,9 +7,9 @@ window boundary. Epochs are chained, so a short dataset pays its worker restarts
 training run does, and every window pays them in proportion to its steps (:func:`epoch_charged`):
 an epoch start's extra wait (worker start-up unless persistent, then refilling the empty pipeline:
 :func:`restart_extra`) is taken out of the window it fell in and ``steps / batches_per_epoch``
-restarts are charged to every window instead. Without that, on a 4-batch epoch two of three short windows
-miss the restart and their median hides it: persistent workers could never win, and a candidate
-with fewer workers (shorter windows of whole worker rounds) read faster than one with more.
+restarts are charged to every window instead. Without that, on a 4-batch epoch two of three short
+windows miss the restart and their median hides it: persistent workers could never win, and a
+candidate with fewer workers (shorter windows of whole worker rounds) read faster than one with more.
 Every trial ends with its worker processes shut down; a worker that died or
 hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
 :class:`TrialFailed` instead of hanging the tuner. A window that still holds a restart's
