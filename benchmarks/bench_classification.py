@@ -303,7 +303,7 @@ def run(args: Any) -> Path:
             r = replace(r, stats={**r.stats, "spread": noise})
         rows.append(r)
 
-    summary = summarize(rows, final_rows, coarse_ok, tune_info, noise, gen_s)
+    summary = summarize(rows, final_rows, coarse_ok, tune_info, noise, gen_s, pipeline=sizes.pipeline)
     path = H.write_result(
         args.out, NAME if sizes.pipeline == "eval" else f"{NAME}_train", rows,
         config={**asdict(sizes), "device": str(device), "dataset": str(root), "grid_points": len(points)},
@@ -351,8 +351,21 @@ def median_spread(rows: list[H.Row]) -> float:
     return spreads[len(spreads) // 2] if spreads else 0.0
 
 
+def grid_point_of(config: dict[str, Any] | None, pipeline: str = "eval") -> Point | None:
+    """The grid point with autotune's configuration (workers, pinning, offload, decode), or None
+    for a configuration the grid has no point for (shared slots)."""
+    if not config or config.get("shared_slots"):
+        return None
+    decode = config.get("decode") or "pil"
+    if decode == "nvjpeg" and pipeline == "train":
+        decode = "replay"  # the training pipeline's GPU decode replays the workers' random draws
+    gpu = decode in ("nvjpeg", "replay")
+    return Point(int(config.get("num_workers") or 0), bool(config.get("pin_memory")),
+                 gpu or bool(config.get("gpu_transforms")), decode + (THREAD if config.get("decode_thread") else ""))
+
+
 def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row], tune_info: dict[str, Any],
-              noise: float, gen_s: float) -> dict[str, Any]:
+              noise: float, gen_s: float, pipeline: str = "eval") -> dict[str, Any]:
     by = {r.name: r for r in final_rows}
     limit = final_rows[0]
     default = final_rows[1]
@@ -375,6 +388,12 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
     }
     # what autotune claimed (its own interleaved trials) against what it delivered here (the final pass)
     claimed, delivered = tune_info.get("speedup_reported"), out["autotune_vs_default"]
+    # autotune's configuration as the grid measured it in the same final pass: the choice apart from
+    # the spread between two loaders of one configuration
+    point = grid_point_of(tune_info.get("config"), pipeline)
+    same = None if point is None else by.get(f"final: {point.name}")
+    out["autotune_config_in_grid"] = None if same is None or same.status != "ok" else \
+        {"row": same.name, "vs_grid_best": H.ratio(same, grid_best)}
     out["autotune_claimed_vs_delivered"] = None if not claimed or not delivered else claimed / delivered
     out["claim_within_noise"] = None if out["autotune_claimed_vs_delivered"] is None \
         else abs(out["autotune_claimed_vs_delivered"] - 1.0) <= max(noise, 0.05)

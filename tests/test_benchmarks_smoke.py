@@ -580,6 +580,31 @@ def test_classification_training_pipeline_grid_replays_on_the_device_and_drops_d
     assert {p.decode for p in grid_points(QUICK, cores=2)} == {"nvjpeg", "nvjpeg-thread", "draft", "pil"}
 
 
+def test_classification_names_the_grid_row_of_autotunes_configuration():
+    from benchmarks import harness as H
+    from benchmarks.bench_classification import grid_point_of, summarize
+
+    config = {"num_workers": 2, "pin_memory": True, "gpu_transforms": [], "decode": "nvjpeg", "decode_thread": True}
+    assert grid_point_of(config).name == "grid nw=2  pin=on  offload=on  decode=nvjpeg-thread"
+    assert grid_point_of(config, "train").name.endswith("decode=replay-thread")
+    draft = {"num_workers": 15, "pin_memory": False, "gpu_transforms": ["ToFloat", "Normalize"], "decode": "draft"}
+    assert grid_point_of(draft).name == "grid nw=15 pin=off offload=on  decode=draft"
+    assert grid_point_of({**config, "shared_slots": True}) is None and grid_point_of(None) is None
+
+    def row(name, *values):
+        return H.Row(name, stats=H.summarize(list(values)), samples=values)
+
+    finals = [row("limit (device-resident replay)", 3600.0), row("default (nw=4, CPU transforms)", 300.0),
+              row("final: grid nw=4  pin=on  offload=on  decode=nvjpeg-thread", 3100.0),
+              row("final: " + grid_point_of(config).name, 3000.0), row("autotune", 2700.0)]
+    out = summarize(finals, finals, [], {"config": config, "speedup_reported": 9.0}, 0.05, 0.0)
+    assert out["autotune_vs_grid_best"] == pytest.approx(2700 / 3100)
+    assert out["autotune_config_in_grid"]["row"].endswith("nw=2  pin=on  offload=on  decode=nvjpeg-thread")
+    assert out["autotune_config_in_grid"]["vs_grid_best"] == pytest.approx(3000 / 3100)
+    other = summarize(finals, finals, [], {"config": {**config, "num_workers": 3}}, 0.05, 0.0)
+    assert other["autotune_config_in_grid"] is None  # no grid point with 3 workers
+
+
 def test_classification_grid_point_decoding_in_a_thread_builds_a_threaded_loader(tmp_path):
     from benchmarks.bench_classification import QUICK, Point, build_source
     from pipeline_opt.datasets import make_image_folder
