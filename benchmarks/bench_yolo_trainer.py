@@ -180,6 +180,7 @@ def run_one(args: Any, sizes: Sizes, data: Path, row: str, work: Path) -> dict[s
     return {"throughput": float(report["throughput"]), "data_wait_frac": report.get("data_wait_frac"),
             # the training process's CPU per step, and the training thread's wait for a free core
             "main_cpu_s": report.get("main_cpu_s"), "main_runqueue_s": report.get("main_runqueue_s"),
+            "main_thread_cpu_s": report.get("main_thread_cpu_s"),  # the training thread's own part of main_cpu_s
             # from the traced steps after the window: where the training thread's CPU goes, and the GPU idle
             "traced_steps": report.get("traced_steps"), "gpu_idle_frac": report.get("gpu_idle_frac"),
             "top_cpu_ops": (report.get("top_cpu_ops") or [])[:10],

@@ -90,6 +90,13 @@ def _main_cpu_per_step(main: MainResult, num_workers: int) -> float:
     return max(own, 0.0) / len(main.steps)
 
 
+def _thread_cpu_per_step(main: MainResult) -> float | None:
+    """Seconds per measured step the training thread itself ran on a CPU, or None (not measurable)."""
+    if main.thread_cpu_s is None or not main.steps:
+        return None
+    return main.thread_cpu_s / len(main.steps)
+
+
 def _runqueue_per_step(main: MainResult) -> float | None:
     """Seconds per measured step the training thread waited for a core, or None (not measurable)."""
     if main.runqueue_s is None or not main.steps:
@@ -190,5 +197,6 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         traced_steps=main.traced_steps,
         main_cpu_s=main_cpu_s,
         main_runqueue_s=runqueue_s,
+        main_thread_cpu_s=_thread_cpu_per_step(main),
         trace_events=tuple(trace_events),
     )

@@ -103,6 +103,8 @@ class MainResult:
     data_cpu_s: float = 0.0  # CPU seconds of this process (all threads) inside next(loader) over the window
     # seconds the training thread was runnable but waited for a core over the window; None: not measurable
     runqueue_s: float | None = None
+    # seconds the training thread itself ran on a CPU over the window (its share of cpu_s); None: not measurable
+    thread_cpu_s: float | None = None
 
 
 @dataclass
@@ -392,6 +394,7 @@ class StepProfiler:
             cpu_s=max(self._cpu[1] - self._cpu[0], 0.0) if self._window[0] else 0.0,
             data_cpu_s=self._data_cpu,
             runqueue_s=self._runqueue_s(),
+            thread_cpu_s=self._thread_cpu_s(),
             memory=self._memory_stats(),
         )
 
@@ -400,6 +403,12 @@ class StepProfiler:
         if not self._window[0] or start is None or end is None:
             return None
         return max(0.0, end[1] - start[1])
+
+    def _thread_cpu_s(self) -> float | None:
+        start, end = self._sched
+        if not self._window[0] or start is None or end is None:
+            return None
+        return max(0.0, end[0] - start[0])
 
     def _memory_stats(self) -> Any:
         stats = self.memory.stats()

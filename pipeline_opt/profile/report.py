@@ -90,6 +90,9 @@ class ProfileReport:
     # seconds per measured step the training thread was runnable but waited for a core (workers or other
     # processes holding them); None where the kernel does not report it
     main_runqueue_s: float | None = None
+    # seconds per measured step the training thread itself ran on a CPU (a part of main_cpu_s; the
+    # rest is the process's other threads); None where the kernel does not report it
+    main_thread_cpu_s: float | None = None
     trace_events: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -418,3 +418,34 @@ def test_an_unmeasurable_wait_for_a_core_is_none(monkeypatch):
     monkeypatch.setattr(main_profiler, "thread_sched", lambda: None)
     report = po.profile(DataLoader(Ready(), batch_size=8), tiny_model(), steps=3, warmup=1, limit=False)
     assert report.main_runqueue_s is None and not any("free core" in e for e in report.evidence)
+    assert report.main_thread_cpu_s is None
+
+
+def test_the_training_threads_own_cpu_is_its_part_of_the_process(monkeypatch):
+    """The training thread's run time over the window, per step; a second thread of the process burning
+    CPU during the window counts in main_cpu_s but not in the thread's own share."""
+    import threading
+
+    stop = threading.Event()
+
+    def burn():
+        while not stop.is_set():
+            sum(range(2000))
+
+    spinner = threading.Thread(target=burn, daemon=True)
+
+    class Busy(Ready):
+        def __getitem__(self, i):
+            if not spinner.is_alive():
+                spinner.start()
+            return super().__getitem__(i)
+
+    try:
+        report = po.profile(DataLoader(Busy(), batch_size=8), tiny_model(), steps=8, warmup=1, limit=False,
+                            trace_steps=0)
+    finally:
+        stop.set()
+        spinner.join()
+    assert report.main_thread_cpu_s is not None and report.main_thread_cpu_s > 0
+    assert report.to_dict()["main_thread_cpu_s"] == pytest.approx(report.main_thread_cpu_s)
+    assert report.main_thread_cpu_s < report.main_cpu_s  # the spinner's CPU is the process's, not the thread's
