@@ -401,8 +401,7 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
     out["targets"] = {
         "autotune >= 0.95x grid best": _meets(out["autotune_vs_grid_best"], 0.95),
         "autotune >= 8x default": _meets(out["autotune_vs_default"], 8.0),
-        "autotune >= 0.6x limit": _meets(out["autotune_vs_limit"], 0.6),
-        "autotune >= 0.75x limit (stretch)": _meets(out["autotune_vs_limit"], 0.75),
+        "autotune >= 0.8x limit": _meets(out["autotune_vs_limit"], 0.8),
         "tuning <= 90 s": None if out["autotune_tuning_time_s"] is None else out["autotune_tuning_time_s"] <= 90.0,
     }
     return out

@@ -22,10 +22,6 @@ Rows (one window per child process; the rows run in interleaved rounds, alternat
                                                every image once, before training, and the workers read
                                                them from memory (what the profile report recommends
                                                when decoding holds the workers back)
-    ..., training thread on its own core       the slots row with the training thread alone on one
-                                               physical core and the workers and the process's other
-                                               threads on the rest (an experiment: does sharing a core
-                                               slow the launch-bound training thread?)
 
     python -m benchmarks.bench_yolo_trainer --out DIR            # H200: about 5 minutes (3 rounds)
     python -m benchmarks.bench_yolo_trainer --quick --device cpu  # a CPU smoke run
@@ -66,14 +62,11 @@ ROWS: dict[str, dict[str, Any]] = {
                                                   "shared_slots": "force"},
     "trainer, GPU HSV/flip/warp + shared slots, cache='ram'": {"gpu_augment": "force", "gpu_affine": "force",
                                                                "shared_slots": "force", "cache": "ram"},
-    "trainer, GPU HSV/flip + shared slots, training thread on its own core": {
-        "gpu_augment": "force", "shared_slots": "force", "own_core": True},
 }
 SLOTS_ROW = "trainer, GPU HSV/flip + shared slots"
 WARP_ROW = "trainer, GPU HSV/flip/warp + shared slots"
 WARP_RAM_ROW = "trainer, GPU HSV/flip/warp + shared slots, cache='ram'"
 GPU_ROW = "trainer, GPU HSV/flip"
-OWN_CORE_ROW = "trainer, GPU HSV/flip + shared slots, training thread on its own core"
 
 
 @dataclass(frozen=True)
@@ -134,52 +127,6 @@ def install_replay(trainer: Any) -> None:
                                                        num_workers=0, collate_fn=_Replay(pinned))
 
 
-def core_siblings(cpu: int) -> set[int]:
-    """``cpu`` and the logical CPUs sharing its physical core (SMT siblings), from sysfs."""
-    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return {cpu}
-    out = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out | {cpu}
-
-
-def isolate_a_core() -> tuple[int, set[int]]:
-    """Take the last CPU of this process's mask (with its SMT siblings) out of the mask, so the workers
-    started from now on run on the others; returns that CPU (for the training thread) and the rest."""
-    mask = sorted(os.sched_getaffinity(0))
-    core = mask[-1]
-    rest = set(mask) - core_siblings(core)
-    if not rest:
-        raise SystemExit(f"own_core: no CPU left for the workers in the mask {mask}")
-    os.sched_setaffinity(0, rest)
-    return core, rest
-
-
-class OwnCore:
-    """``on_train_batch_start``: the calling (training) thread on ``core`` alone, every other thread of
-    the process (the slots' receiving thread, a new one each epoch; queue feeders) on ``rest``."""
-
-    def __init__(self, core_and_rest: tuple[int, set[int]]) -> None:
-        self.core, self.rest = core_and_rest
-
-    def __call__(self, trainer: Any) -> None:
-        import threading
-
-        me = threading.get_native_id()
-        os.sched_setaffinity(0, {self.core})  # pid 0: the calling thread only
-        for tid in os.listdir("/proc/self/task"):
-            if int(tid) != me:
-                try:
-                    os.sched_setaffinity(int(tid), self.rest)
-                except OSError:  # the thread ended meanwhile
-                    pass
-
-
 def child(args: Any) -> int:
     """One training run with the row's attach() arguments; exits 0 once the profile is saved."""
     os.environ["PERF_BENCH"] = "1"
@@ -192,8 +139,6 @@ def child(args: Any) -> int:
     options = json.loads(args.attach)
     model = YOLO("yolo11n.yaml")
     cache = options.pop("cache", False)  # a train() argument, not attach()'s
-    if options.pop("own_core", False):  # an experiment of this benchmark, not an attach() option
-        model.add_callback("on_train_batch_start", OwnCore(isolate_a_core()))
     if options.pop("replay", False):
         model.add_callback("on_pretrain_routine_end", install_replay)  # before attach's own
     # workers through attach too: ultralytics forces workers=0 on a CPU device, attach's override comes after
@@ -316,8 +261,7 @@ def run(args: Any) -> Path:
     return path
 
 
-ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_warp", "slots_warp_ram", "slots_own_core"),
-                    ROWS))  # --rows names
+ROW_KEYS = dict(zip(("limit", "cpu", "gpu", "slots", "slots_warp", "slots_warp_ram"), ROWS))  # --rows names
 
 
 def selected_rows(spec: str | None) -> list[str]:
@@ -369,7 +313,6 @@ def expected_moves(options: dict[str, Any]) -> set[str]:
 
 FEATURES = {  # feature -> (the row with it, the same row without it)
     "shared slots": (SLOTS_ROW, GPU_ROW),
-    "training thread on its own core": (OWN_CORE_ROW, SLOTS_ROW),
 }
 
 
