@@ -4,7 +4,8 @@
   ``batch["img"]`` / ``batch["image"]`` / first tensor value of a dict).
 * :func:`default_step` is the step used when the user gives no ``step_fn``: forward, a scalar
   reduction of the output as loss, backward. It never touches an optimizer.
-* :func:`move_to_device` copies every tensor nested in tuples/lists/dicts.
+* :func:`move_to_device` copies every tensor nested in tuples/lists/dicts; :func:`map_leaves` and
+  :func:`iter_leaves` are the walks under it (a tuple of strings or numbers costs no call per element).
 * :class:`ModelStateGuard` snapshots parameters, buffers, gradients, train/eval mode and the RNG
   states (torch, CUDA, numpy, random) and restores them bitwise.
 * :func:`validate_step` / :class:`CheckedStep` are the front doors' check of the training step: one
@@ -120,18 +121,66 @@ def _has_tensor(value: Any) -> bool:
     return False
 
 
+# leaves that can hold no tensor: a walk returns them (and tuples made only of them) at once.
+# Collated batches carry long tuples of them (ultralytics: a file name, shapes and pads per image)
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+def _inert(value: Any) -> bool:
+    """Whether ``value`` is an atom or a (nested) plain tuple of atoms: immutable, nothing to map."""
+    cls = type(value)
+    if cls in _ATOMS:
+        return True
+    if cls is not tuple:
+        return False
+    for v in value:
+        if not _inert(v):
+            return False
+    return True
+
+
+def map_leaves(batch: Any, kind: type | tuple[type, ...], fn: Callable[[Any], Any]) -> Any:
+    """``batch`` with every instance of ``kind`` nested in it replaced by ``fn(leaf)``.
+
+    Dicts, lists, tuples, named tuples and other mappings are rebuilt as their own type; anything
+    else is kept. Plain tuples of strings and numbers (nested or not) are returned as they are,
+    without a walk through their elements: the walk runs on every batch, in the training process.
+    ``kind`` must not be one of those atom types."""
+    if _inert(batch):
+        return batch
+    if isinstance(batch, kind):
+        return fn(batch)
+    cls = type(batch)
+    if cls is dict:
+        return {k: map_leaves(v, kind, fn) for k, v in batch.items()}
+    if cls is tuple or cls is list:
+        return cls([map_leaves(v, kind, fn) for v in batch])
+    if isinstance(batch, Mapping):
+        return cls({k: map_leaves(v, kind, fn) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return cls(*(map_leaves(v, kind, fn) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return cls(map_leaves(v, kind, fn) for v in batch)
+    return batch
+
+
+def iter_leaves(batch: Any, kind: type | tuple[type, ...] = torch.Tensor) -> Iterator[Any]:
+    """Every instance of ``kind`` nested in ``batch`` (mappings, lists, tuples and other sequences), in order."""
+    if _inert(batch):
+        return
+    if isinstance(batch, kind):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from iter_leaves(value, kind)
+    elif isinstance(batch, (list, tuple)) or (isinstance(batch, Sequence) and not isinstance(batch, (str, bytes))):
+        for value in batch:
+            yield from iter_leaves(value, kind)
+
+
 def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = True) -> Any:
     """Copy every tensor nested in ``batch`` (tuples, lists, dicts, namedtuples) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: move_to_device(v, device, non_blocking) for k, v in batch.items()}) \
-            if type(batch) is not dict else {k: move_to_device(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(move_to_device(v, device, non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device, non_blocking) for v in batch)
-    return batch
+    return map_leaves(batch, torch.Tensor, lambda t: t.to(device, non_blocking=non_blocking))
 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -194,17 +243,6 @@ def check_model(model: torch.nn.Module) -> None:
             "without device='meta'")
 
 
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for v in batch.values():
-            yield from _tensors(v)
-    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        for v in batch:
-            yield from _tensors(v)
-
-
 def _describe(value: Any) -> str:
     """A short description of a value for an error message (type, and shape/dtype/device of a tensor)."""
     if isinstance(value, torch.Tensor):
@@ -248,7 +286,7 @@ def _mismatch_hint(model: torch.nn.Module, batch: Any, exc: BaseException) -> st
     if not params:
         return None
     dtype, device = params[0].dtype, params[0].device
-    tensors = list(_tensors(batch))
+    tensors = list(iter_leaves(batch))
     text = str(exc)
     if _DEVICE_ERROR.search(text):
         devices = sorted({str(t.device) for t in tensors})

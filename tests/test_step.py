@@ -153,3 +153,41 @@ def test_a_user_step_on_mismatched_dtypes_gets_a_dtype_hint():
         validate_step(_model().double(), next(iter(_loader())), lambda m, b: m(b[0]).sum().backward())
     msg = str(info.value)
     assert "parameters are torch.float64" in msg and "torch.float32" in msg and "autocast" in msg, msg
+
+
+def test_map_leaves_replaces_every_nested_leaf_of_its_kind_and_rebuilds_the_containers():
+    from collections import OrderedDict, namedtuple
+
+    from pipeline_opt._step import iter_leaves, map_leaves
+
+    Pair = namedtuple("Pair", "a b")
+    a, b, c, d = (torch.full((2,), float(i)) for i in range(4))
+    names = tuple(f"img_{i}.jpg" for i in range(64))
+    shapes = tuple((480, 640) for _ in range(64))
+    batch = {"img": a, "pair": Pair(b, "x"), "items": [c, 3, None], "od": OrderedDict(k=(d, 1.5)),
+             "im_file": names, "ori_shape": shapes, "mixed": ((1, 2), (a,))}
+    out = map_leaves(batch, torch.Tensor, lambda t: t + 10)
+    assert out["img"].tolist() == [10.0, 10.0] and out["mixed"][1][0].tolist() == [10.0, 10.0]
+    assert isinstance(out["pair"], Pair) and out["pair"].a.tolist() == [11.0, 11.0] and out["pair"].b == "x"
+    assert out["items"][0].tolist() == [12.0, 12.0] and out["items"][1:] == [3, None]
+    assert out["items"] is not batch["items"]  # lists are rebuilt: the input's stay as they were
+    assert isinstance(out["od"], OrderedDict) and out["od"]["k"][0].tolist() == [13.0, 13.0]
+    assert out["im_file"] is names and out["ori_shape"] is shapes  # tuples of atoms: nothing to map or copy
+    assert out["mixed"][0] == (1, 2)
+    assert batch["img"].tolist() == [0.0, 0.0]  # the input is not modified
+    found = list(iter_leaves(batch))
+    assert [t.tolist()[0] for t in found] == [0.0, 1.0, 2.0, 3.0, 0.0]  # dict order, depth first
+    assert list(iter_leaves(batch, str)) == []  # strings are atoms, never leaves of a kind
+
+
+def test_map_leaves_finds_a_custom_leaf_kind_inside_tuples():
+    from pipeline_opt._step import iter_leaves, map_leaves
+
+    class Ref:
+        def __init__(self, n):
+            self.n = n
+
+    batch = {"img": Ref(1), "boxes": (Ref(2), (Ref(3), "s")), "name": ("a", "b")}
+    out = map_leaves(batch, Ref, lambda r: r.n * 100)
+    assert out == {"img": 100, "boxes": (200, (300, "s")), "name": ("a", "b")}
+    assert [r.n for r in iter_leaves(batch, Ref)] == [1, 2, 3]

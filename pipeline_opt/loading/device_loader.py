@@ -39,7 +39,7 @@ import torch
 
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import image_key, move_to_device
+from pipeline_opt._step import image_key, map_leaves, move_to_device
 
 __all__ = ["DeviceLoader", "apply_to_images"]
 
@@ -323,17 +323,15 @@ def _pin_small(batch: Any, slots: list) -> Any:
 
 def _pin_others(batch: Any, skip: set[int]) -> Any:
     """``batch`` with every host tensor not in ``skip`` (by ``id``) and not pinned yet copied to pinned memory."""
-    from pipeline_opt.loading.shared_slots import _map_leaves
 
     def pin(t: torch.Tensor) -> torch.Tensor:
         return t if id(t) in skip or t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
 
-    return _map_leaves(batch, lambda x: isinstance(x, torch.Tensor), pin)
+    return map_leaves(batch, torch.Tensor, pin)
 
 
 def _without_slots(batch: Any) -> Any:
     """``batch`` with every host tensor that lives in a shared slot replaced by a copy."""
-    from pipeline_opt.loading.shared_slots import _map_leaves, slot_header
+    from pipeline_opt.loading.shared_slots import slot_header
 
-    return _map_leaves(batch, lambda x: isinstance(x, torch.Tensor),
-                       lambda t: t.clone() if slot_header(t) is not None else t)
+    return map_leaves(batch, torch.Tensor, lambda t: t.clone() if slot_header(t) is not None else t)

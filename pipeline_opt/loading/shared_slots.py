@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt._step import image_key
+from pipeline_opt._step import image_key, iter_leaves, map_leaves
 from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, stackable_images
 from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
 
@@ -421,24 +421,9 @@ class SlotCollate:
             end = offset + _aligned(t.nbytes)
             return claim.ref(offset, t)
 
-        packed = _map_leaves(batch, lambda x: isinstance(x, torch.Tensor), pack)
+        packed = map_leaves(batch, torch.Tensor, pack)
         self.pool.count(slots.worker_id, _BY_REF)
         return packed
-
-
-def _map_leaves(batch: Any, match: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
-    """``batch`` with every leaf ``match`` accepts replaced by ``fn(leaf)`` (dicts, lists, tuples,
-    named tuples rebuilt as their own type; anything else kept)."""
-    if match(batch):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        items = {k: _map_leaves(v, match, fn) for k, v in batch.items()}
-        return items if type(batch) is dict else type(batch)(items)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_map_leaves(v, match, fn) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_map_leaves(v, match, fn) for v in batch)
-    return batch
 
 
 def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overrides: Any) -> DataLoader:
@@ -484,17 +469,6 @@ def with_own_pool(collate: SlotCollate, context: Any = None) -> SlotCollate:
     slot loader whose workers run next to the original's (two worker sets never share slots)."""
     pool = collate.pool
     return SlotCollate(collate.collate_fn, SlotPool(pool.num_workers, pool.slots_per_worker, context))
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from _tensors(value)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
-            yield from _tensors(value)
 
 
 def _tensor_header(t: torch.Tensor) -> list[int] | None:
@@ -586,7 +560,7 @@ class SlotReceiver:
         ``announce``, workers may send their next batches of these slots as references (only for a
         consumer that resolves them with :meth:`receive`)."""
         out = []
-        for t in _tensors(batch):
+        for t in iter_leaves(batch):
             head = _tensor_header(t)
             if head is None:
                 continue
@@ -608,7 +582,7 @@ class SlotReceiver:
             slots.append((t, ref.index, ref.ticket))
             return t
 
-        batch = _map_leaves(batch, lambda x: isinstance(x, SlotRef), resolve)
+        batch = map_leaves(batch, SlotRef, resolve)
         for index, ticket in {(index, ticket) for _, index, ticket in slots}:
             self._reclaim_lost(index, ticket)
         return batch, slots

@@ -38,6 +38,7 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._sched import thread_sched
+from pipeline_opt._step import iter_leaves
 from pipeline_opt.profile.cpu_share import reserved_cpus
 
 log = get_logger("tune.budget")
@@ -250,7 +251,7 @@ def pin_cpu_seconds(batch: Any) -> float:
     measured on a second copy (the first allocates the host cache); 0.0 without an accelerator."""
     if not torch.cuda.is_available():
         return 0.0
-    tensors = [t for t in _tensors_of(batch) if t.device.type == "cpu"]
+    tensors = [t for t in iter_leaves(batch) if t.device.type == "cpu"]
     if not tensors:
         return 0.0
     try:
@@ -263,16 +264,6 @@ def pin_cpu_seconds(batch: Any) -> float:
     except RuntimeError as exc:  # no usable driver: the pin-memory thread is then not measurable
         log.debug("could not time pinning (%s)", exc)
         return 0.0
-
-
-def _tensors_of(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _tensors_of(v)]
-    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        return [t for v in batch for t in _tensors_of(v)]
-    return []
 
 
 def measured_cpu(report: Any, probe: BatchProbe | None, pin_thread: bool) -> tuple[float | None, float | None, float]:
