@@ -112,13 +112,8 @@ def _scalar_of(out: Any) -> torch.Tensor:
 
 
 def _has_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.is_floating_point()
-    if isinstance(value, Mapping):
-        return any(_has_tensor(v) for v in value.values())
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        return any(_has_tensor(v) for v in value)
-    return False
+    """Whether a floating-point tensor is nested in ``value``."""
+    return any(t.is_floating_point() for t in iter_leaves(value))
 
 
 # leaves that can hold no tensor: a walk returns them (and tuples made only of them) at once.
