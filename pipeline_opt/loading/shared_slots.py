@@ -491,6 +491,9 @@ class ReceiveStats:
     batches: int
     wait_s: float  # waiting on the DataLoader iterator (workers not ready, or unpickling)
     work_s: float  # resolving slots, page-locking new ones, pinning the small tensors
+    # the thread's own CPU over both (unpickling included); wait + work beyond it is time the thread
+    # was blocked: on the workers, or waiting for the GIL while the training thread held it
+    cpu_s: float = 0.0
 
     @property
     def wait_ms_per_batch(self) -> float:
@@ -499,6 +502,10 @@ class ReceiveStats:
     @property
     def work_ms_per_batch(self) -> float:
         return 1e3 * self.work_s / self.batches if self.batches else 0.0
+
+    @property
+    def cpu_ms_per_batch(self) -> float:
+        return 1e3 * self.cpu_s / self.batches if self.batches else 0.0
 
 
 class _Held:
@@ -536,7 +543,7 @@ class SlotReceiver:
         self._pending: set[int] = set()  # tickets received and not released yet, over every storage
         self._lock = threading.Lock()
         self.register_failed = False
-        self._timing = [0, 0.0, 0.0]  # batches, wait s, work s (the receiving thread's)
+        self._timing = [0, 0.0, 0.0, 0.0]  # batches, wait s, work s, CPU s (the receiving thread's)
         pool.known.zero_()
         pool._receiver = self
 
@@ -547,13 +554,14 @@ class SlotReceiver:
 
     def receive_stats(self) -> ReceiveStats:
         """Timing of the receiving thread (:class:`ReceiveThread`) so far."""
-        n, wait, work = self._timing
-        return ReceiveStats(batches=int(n), wait_s=float(wait), work_s=float(work))
+        n, wait, work, cpu = self._timing
+        return ReceiveStats(batches=int(n), wait_s=float(wait), work_s=float(work), cpu_s=float(cpu))
 
-    def add_timing(self, wait_s: float, work_s: float) -> None:
+    def add_timing(self, wait_s: float, work_s: float, cpu_s: float = 0.0) -> None:
         self._timing[0] += 1
         self._timing[1] += wait_s
         self._timing[2] += work_s
+        self._timing[3] += cpu_s
 
     def find(self, batch: Any, announce: bool = False) -> list[tuple[torch.Tensor, int, int]]:
         """``(tensor, flag index, ticket)`` of each slot-backed tensor nested in ``batch``; with
@@ -747,18 +755,18 @@ class ReceiveThread:
         try:
             if device is not None and device.type == "cuda":
                 torch.cuda.set_device(device)
-            clock = time.perf_counter
-            ready = clock()
+            clock, cpu = time.perf_counter, time.thread_time
+            ready, cpu_ready = clock(), cpu()
             for raw in it:
                 got = clock()
                 raw, slots = self.receiver.receive(raw)
                 if prepare is not None:
                     raw = prepare(raw, slots)
-                self.receiver.add_timing(got - ready, clock() - got)
+                self.receiver.add_timing(got - ready, clock() - got, cpu() - cpu_ready)
                 if not self._put((raw, slots)):
                     self.receiver.release(slots)
                     return
-                ready = clock()
+                ready, cpu_ready = clock(), cpu()
                 del raw, slots
                 if self._stop.is_set():
                     return

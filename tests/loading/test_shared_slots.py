@@ -222,6 +222,9 @@ def test_receive_thread_yields_batches_with_their_slots_and_releases_on_close():
         got.append([t.clone() for t in raw])
         receiver.release(slots)
     _assert_same(got, want)
+    timing = receiver.receive_stats()
+    assert timing.batches == len(want) and timing.cpu_s > 0
+    assert timing.cpu_s <= timing.wait_s + timing.work_s + 0.01  # its own CPU is a part of its wall time
     with pytest.raises(StopIteration):
         next(rx)
     rx.close()
