@@ -167,6 +167,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         intra_op_threads=torch.get_num_threads(),
         main_runqueue_s=runqueue_s,
         main_runqueue_frac=_clamp(main.runqueue_s / window) if main.runqueue_s is not None and window > 0 else None,
+        main_thread_cpu_s=_thread_cpu_per_step(main),
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),
@@ -197,6 +198,6 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         traced_steps=main.traced_steps,
         main_cpu_s=main_cpu_s,
         main_runqueue_s=runqueue_s,
-        main_thread_cpu_s=_thread_cpu_per_step(main),
+        main_thread_cpu_s=measurements.main_thread_cpu_s,
         trace_events=tuple(trace_events),
     )

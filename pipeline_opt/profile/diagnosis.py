@@ -84,6 +84,7 @@ class Measurements:
     intra_op_threads: int = 1  # torch.get_num_threads() of the training process
     main_runqueue_s: float | None = None  # per step, the training thread runnable but waiting for a core
     main_runqueue_frac: float | None = None  # the same as a share of the measured window
+    main_thread_cpu_s: float | None = None  # per step, the training thread's own time on a CPU (part of main_cpu_s)
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,13 @@ def evidence(m: Measurements) -> tuple[str, ...]:
     if m.main_runqueue_s is not None and m.main_runqueue_frac is not None:
         out.append(f"the training thread waited {m.main_runqueue_s * 1e3:.1f} ms per step for a free core "
                    f"({_pct(m.main_runqueue_frac)} of the measured window; runnable, not running)")
+    if m.main_thread_cpu_s is not None and m.step_time_s > 0:
+        line = (f"the training thread ran on a CPU {m.main_thread_cpu_s * 1e3:.1f} ms per step "
+                f"({_pct(min(m.main_thread_cpu_s / m.step_time_s, 1.0))} of the step)")
+        if m.main_cpu_s and m.main_cpu_s > m.main_thread_cpu_s:
+            line += (f"; the training process's threads together {m.main_cpu_s * 1e3:.1f} ms (the rest: "
+                     "intra-op, autograd and loader threads)")
+        out.append(line)
     if m.batch_cpu_s > 0:
         budget = step_budget_s(m)
         out.append(f"workers need {m.batch_cpu_s:.4f} s per batch vs a step budget of {budget:.4f} s "

@@ -192,3 +192,13 @@ def test_a_data_bound_step_gets_its_data_recommendations_before_the_core_wait():
     recs = diagnose(m).recommendations
     assert recs[0].startswith("raise num_workers from 4 to 13")
     assert any(r.startswith("the training thread waited for a core 12%") for r in recs[1:])
+
+
+def test_the_training_threads_own_cpu_is_stated_beside_the_processs():
+    ev = diagnose(_gpu(step_time_s=0.06, main_thread_cpu_s=0.038, main_cpu_s=0.055)).evidence
+    (line,) = [e for e in ev if "training thread ran on a CPU" in e]
+    assert line.startswith("the training thread ran on a CPU 38.0 ms per step (63% of the step)")
+    assert "threads together 55.0 ms" in line
+    alone = diagnose(_gpu(step_time_s=0.06, main_thread_cpu_s=0.038, main_cpu_s=None)).evidence
+    assert any(e.endswith("(63% of the step)") for e in alone)
+    assert not any("training thread ran" in e for e in diagnose(_gpu(main_thread_cpu_s=None)).evidence)
