@@ -172,7 +172,8 @@ def slot_meta(loader: Any) -> dict[str, Any]:
             "worker_fetch_ms_per_batch": _per_batch_ms(stats.fetch_s, stats.total),
             "worker_collate_ms_per_batch": _per_batch_ms(stats.collate_s, stats.total)},
         "receive_stats": None if rx is None else {
-            **asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch, "work_ms_per_batch": rx.work_ms_per_batch},
+            **asdict(rx), "wait_ms_per_batch": rx.wait_ms_per_batch, "work_ms_per_batch": rx.work_ms_per_batch,
+            "cpu_ms_per_batch": rx.cpu_ms_per_batch},
     }
 
 
