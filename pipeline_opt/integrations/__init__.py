@@ -1,5 +1,12 @@
 """Integrations with training frameworks. Each submodule imports its framework only when used:
-``pipeline_opt.integrations.ultralytics`` needs the ``yolo`` extra."""
+``pipeline_opt.integrations.ultralytics`` needs the ``yolo`` extra.
+
+Importing this package registers the frameworks' transforms in
+:mod:`pipeline_opt.transforms.registry` by name (no framework is imported for that), so a profile
+of their pipelines names what moves to the GPU.
+"""
+
+from pipeline_opt.integrations.ultralytics import _transforms  # noqa: F401  (registers ultralytics' transforms)
 
 __all__ = ["ultralytics"]
 

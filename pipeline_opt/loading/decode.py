@@ -35,6 +35,7 @@ from PIL import Image
 import pipeline_opt.transforms.gpu as gpu
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
+from pipeline_opt.transforms.registry import info_of
 
 __all__ = [
     "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder", "PackedJpegs", "draft_dataset",
@@ -105,13 +106,12 @@ def draft_target_of(compose: Any) -> Target | None:
     not start with a deterministic resize (a random crop first, for example): drafting is then not
     known to be harmless.
     """
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-
     for t in getattr(compose, "transforms", [compose]):
-        if type(t).__name__ in ("ToImage", "PILToTensor"):
+        info = info_of(t)
+        op = info.op if info is not None and info.origin == "torchvision" else ""
+        if op == "to_uint8":
             continue
-        if isinstance(t, (T1.Resize, T2.Resize)) and t.size is not None and t.max_size is None:
+        if op == "resize" and t.size is not None and t.max_size is None:
             size = [t.size] if isinstance(t.size, int) else list(t.size)
             return _check_target(size[0] if len(size) == 1 else tuple(size))
         return None

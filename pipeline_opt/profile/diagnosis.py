@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipeline_opt.profile.cpu_share import reserved_cpus
+from pipeline_opt.transforms.registry import TransformInfo, infos_named
 
 DATA_WAIT_HIGH = 0.30  # data-bound above this share of the step blocked on the loader
 DATA_WAIT_LOW = 0.10  # below it the loader keeps up
@@ -32,13 +33,6 @@ SETTING_SHARE = 0.3  # ... worth one setting of the dataset's own (Measurements.
 CORE_WAIT_SHARE = 0.10  # the training thread queued for a core this share of its step: worth a change
 UNSHARED_BATCH_BYTES = 8 << 20  # a collated batch copied again to be sent: worth naming from 8 MiB
 
-# Tensor-level / simple geometric transforms with a GPU counterpart (po.transforms / Kornia).
-GPU_CAPABLE = frozenset({
-    "Normalize", "Resize", "CenterCrop", "ToTensor", "ConvertImageDtype", "ToDtype", "ToImage",
-    "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "GaussianBlur", "Grayscale",
-    "RandomAffine", "RandomPerspective", "RandomHSV", "RandomFlip", "Lambda",
-})
-PIL_RESIZE = frozenset({"Resize", "RandomResizedCrop", "ScaleJitter", "RandomShortestSize"})
 
 _SYNC_RE = re.compile(
     r"cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(?!Async)|aten::item|aten::_local_scalar_dense"
@@ -96,8 +90,18 @@ class Diagnosis:
     recommendations: tuple[str, ...]
 
 
-def _base_name(name: str) -> str:
-    return name.split("#", 1)[0]
+def _device_info(name: str, names: list[str]) -> TransformInfo | None:
+    """The registry entry with a device path for a recorded transform name. Where several frameworks
+    have a class of that name, the one whose classes name most of the other recorded transforms wins."""
+    found = [i for i in infos_named(name) if i.device is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+    votes = {i.origin: sum(1 for n in names if any(j.origin == i.origin for j in infos_named(n))) for i in found}
+    return max(found, key=lambda i: votes[i.origin])
+
+
+def _is_pil_resize(name: str) -> bool:
+    return any(i.cost == "resize" and i.origin == "torchvision" for i in infos_named(name))
 
 
 def step_budget_s(m: Measurements) -> float:
@@ -262,15 +266,17 @@ def _collate_recommendations(m: Measurements) -> list[str]:
 def _transform_recommendations(m: Measurements) -> list[str]:
     recs = []
     shares = _transform_shares(m)
-    movable = [(n, s) for n, s in shares if _base_name(n) in GPU_CAPABLE and s >= TRANSFORM_SHARE]
+    names = [n for n, _ in shares]
+    movable = [(n, s, info) for n, s in shares if s >= TRANSFORM_SHARE
+               for info in (_device_info(n, names),) if info is not None]
     if movable and m.device_type == "cuda":
-        names = ", ".join(f"{n} ({_pct(s)} of sample time)" for n, s in movable)
-        recs.append(f"move {names} to the GPU: cpu, gpu = po.transforms.split_transforms(compose); "
-                    "po.DeviceLoader(loader, transform=gpu) (and ship uint8)")
+        for hint in dict.fromkeys(info.hint for _, _, info in movable):
+            moved = ", ".join(f"{n} ({_pct(s)} of sample time)" for n, s, info in movable if info.hint == hint)
+            recs.append(f"move {moved} to the GPU: {hint}")
     elif movable:
-        names = ", ".join(f"{n} ({_pct(s)})" for n, s in movable)
-        recs.append(f"cheapen the per-sample CPU work: {names}")
-    resize = sum(s for n, s in shares if _base_name(n) in PIL_RESIZE)
+        names_text = ", ".join(f"{n} ({_pct(s)})" for n, s, _ in movable)
+        recs.append(f"cheapen the per-sample CPU work: {names_text}")
+    resize = sum(s for n, s in shares if _is_pil_resize(n))
     if resize >= 0.25 and not m.pillow_simd:
         recs.append(f"install Pillow-SIMD: resizing is {_pct(resize)} of worker time and Pillow-SIMD resizes 5-8x "
                     "faster (pip uninstall -y pillow && CC=\"cc -mavx2\" pip install --no-cache-dir --no-deps "

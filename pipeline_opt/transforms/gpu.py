@@ -68,7 +68,7 @@ class ToFloat(torch.nn.Module):
         self.dtype = dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _check_image(x, "ToFloat")
+        x = _check_image(x, type(self).__name__)
         return _as_float(x, self.dtype)
 
     def extra_repr(self) -> str:
@@ -92,7 +92,7 @@ class ConvertDtype(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torchvision.transforms.v2.functional import to_dtype
 
-        x = _check_image(x, "ConvertDtype")
+        x = _check_image(x, type(self).__name__)
         return to_dtype(x, self.dtype, scale=self.scale)
 
     def extra_repr(self) -> str:
@@ -131,7 +131,7 @@ class Normalize(torch.nn.Module):
         return hit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _as_float(_check_image(x, "Normalize"))
+        x = _as_float(_check_image(x, type(self).__name__))
         channels = x.shape[-3]
         if channels != len(self._values[0]) and len(self._values[0]) != 1:
             raise ValueError(
@@ -229,7 +229,7 @@ class Resize(torch.nn.Module):
         return resized_size(height, width, size, self.max_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _check_image(x, "Resize")
+        x = _check_image(x, type(self).__name__)
         shape = x.shape
         new_h, new_w = self.output_size(shape[-2], shape[-1])
         if (new_h, new_w) == (shape[-2], shape[-1]):
@@ -267,7 +267,7 @@ class CenterCrop(torch.nn.Module):
         self.size = (int(size[0]), int(size[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _check_image(x, "CenterCrop")
+        x = _check_image(x, type(self).__name__)
         ch, cw = self.size
         h, w = x.shape[-2:]
         if ch > h or cw > w:

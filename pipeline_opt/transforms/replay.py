@@ -35,15 +35,15 @@ import numpy as np
 import torch
 import torchvision.transforms as T1
 import torchvision.transforms.v2 as T2
-from torchvision.transforms import InterpolationMode
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt.loading.decode import packed_jpeg_collate
-from pipeline_opt.transforms import gpu
+from pipeline_opt.transforms import gpu, registry
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header
+from pipeline_opt.transforms.transform_info import ReplaySpec, UnsupportedTransform
 
 __all__ = [
-    "RANDOM_POLICIES", "ReplayBatch", "ReplayDataset", "ReplayParams", "ReplaySampler", "ReplayStep",
+    "ReplayBatch", "ReplayDataset", "ReplayParams", "ReplaySampler", "ReplayStep",
     "UnsupportedTransform", "recognise", "replay_collate", "sample_step", "size_after", "step_of",
 ]
 
@@ -54,15 +54,6 @@ _WIDTH = {"resized_crop": 4, "crop": 10, "hflip": 1, "vflip": 1, "color_jitter":
           "erase": 5, "policy": 0}
 # Kinds that change the image size (so the batch can only be stacked after the last of them).
 GEOMETRIC = frozenset({"resized_crop", "crop", "center_crop", "resize"})
-# Random transforms whose draws cannot be replayed outside their forward (op choice + magnitude drawn
-# together with the pixels): only the opt-in "same distribution" mode moves them.
-RANDOM_POLICIES = ("AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix")
-
-
-class UnsupportedTransform(ValueError):
-    """A transform of the Compose cannot be replayed; the message names it and why."""
-
-
 @dataclass(frozen=True, eq=False)
 class ReplayStep:
     """One transform of the original pipeline, as the replay sees it.
@@ -109,41 +100,8 @@ class ReplayBatch(NamedTuple):
 
 # ------------------------------------------------------------------------------------ recognition
 
-def _exact(t: Any, *classes: Any) -> bool:
-    return any(c is not None and type(t) is c for c in classes)
-
-
 def _api(t: Any) -> str:
     return "v2" if isinstance(t, T2.Transform) else "v1"
-
-
-def _bilinear(t: Any) -> bool:
-    mode = t.interpolation
-    if isinstance(mode, str):
-        return mode.lower() == "bilinear"
-    try:
-        return InterpolationMode(mode) == InterpolationMode.BILINEAR
-    except ValueError:
-        return mode in (2, InterpolationMode.BILINEAR)
-
-
-def _pair(size: Any) -> tuple[int, int]:
-    if isinstance(size, numbers.Integral):
-        return int(size), int(size)
-    size = list(size)
-    return (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
-
-
-def _fill_values(t: Any) -> tuple[float, ...]:
-    fill = t.fill
-    if isinstance(fill, dict):
-        raise UnsupportedTransform(f"{type(t).__name__}(fill={fill!r}): a per-type fill dict is not replayed; "
-                                   "give one number or one value per channel")
-    if fill is None:
-        return (0.0,)
-    if isinstance(fill, numbers.Number):
-        return (float(fill),)
-    return tuple(float(v) for v in fill)
 
 
 def _v1_padding(padding: Any) -> tuple[int, int, int, int]:
@@ -163,79 +121,38 @@ def _v1_padding(padding: Any) -> tuple[int, int, int, int]:
     raise UnsupportedTransform(f"RandomCrop(padding={padding!r}) must be an int or 1, 2 or 4 values")
 
 
-_TO_U8 = tuple(c for c in (T1.PILToTensor, getattr(T2, "PILToTensor", None), getattr(T2, "ToImage", None)) if c)
-_TO_TENSOR = tuple(c for c in (T1.ToTensor, getattr(T2, "ToTensor", None)) if c)
+def _replayed_names() -> str:
+    names = sorted({i.name for i in registry.registered() if i.replay is not None and i.origin == "torchvision"})
+    return ", ".join(names)
 
 
-def _step(t: Any, flavour: str) -> tuple[str, dict[str, Any], str]:
-    """``(kind, options, flavour after)`` for ``t`` applied to an image of ``flavour``; raises
+def _spec(t: Any, flavour: str, same_distribution: bool) -> ReplaySpec:
+    """``t``'s :class:`ReplaySpec` on an image of ``flavour``, from its registry entry; raises
     :class:`UnsupportedTransform` naming what is not replayed."""
     name = type(t).__name__
-    if _exact(t, T1.RandomResizedCrop, T2.RandomResizedCrop):
-        if not _bilinear(t):
-            raise UnsupportedTransform(f"{name}(interpolation={t.interpolation}) is not replayed: only bilinear "
-                                       "resizing is reproduced on the GPU (Pillow's bicubic differs from torch's)")
-        antialias = True if flavour == "pil" else bool(t.antialias)
-        return "resized_crop", {"size": _pair(t.size), "antialias": antialias}, flavour
-    if _exact(t, T1.RandomCrop, T2.RandomCrop):
-        mode = t.padding_mode
-        if mode not in ("constant", "edge", "reflect", "symmetric"):
-            raise UnsupportedTransform(f"{name}(padding_mode={mode!r}) is not replayed")
-        return "crop", {"size": _pair(t.size), "fill": _fill_values(t), "padding_mode": mode}, flavour
-    if _exact(t, T1.CenterCrop, T2.CenterCrop):
-        return "center_crop", {"size": _pair(t.size)}, flavour
-    if _exact(t, T1.Resize, T2.Resize):
-        if not _bilinear(t):
-            raise UnsupportedTransform(f"{name}(interpolation={t.interpolation}) is not replayed: only bilinear")
-        size = t.size if t.size is None or isinstance(t.size, numbers.Integral) else list(t.size)
-        antialias = True if flavour == "pil" else t.antialias is not None and bool(t.antialias)
-        return "resize", {"size": size, "max_size": t.max_size, "antialias": antialias}, flavour
-    if _exact(t, T1.RandomHorizontalFlip, T2.RandomHorizontalFlip):
-        return "hflip", {"p": float(t.p)}, flavour
-    if _exact(t, T1.RandomVerticalFlip, T2.RandomVerticalFlip):
-        return "vflip", {"p": float(t.p)}, flavour
-    if _exact(t, T1.ColorJitter, T2.ColorJitter):
-        ranges = {k: getattr(t, k) for k in ("brightness", "contrast", "saturation", "hue")}
-        return "color_jitter", {"ranges": ranges}, flavour
-    if _exact(t, T1.RandomGrayscale, T2.RandomGrayscale):
-        return "random_grayscale", {"p": float(t.p)}, flavour
-    if _exact(t, T1.Grayscale, T2.Grayscale):
-        if t.num_output_channels != 3:
-            raise UnsupportedTransform(f"{name}(num_output_channels={t.num_output_channels}) is not replayed: "
-                                       "only 3-channel grayscale keeps the batch RGB; use num_output_channels=3")
-        return "grayscale", {}, flavour
-    if _exact(t, *_TO_U8):
+    info = registry.info_of(t)
+    if info is not None and info.op == "policy":
+        if not same_distribution:
+            raise UnsupportedTransform(
+                f"{name} draws its operation and magnitude inside its forward, so its draws cannot be replayed; "
+                "pass same_distribution=True to run it on the GPU with its own draws (same distribution, "
+                "not same draws)")
         if flavour == "float":
-            raise UnsupportedTransform(f"{name} after a float conversion is not replayed")
-        return "to_uint8", {}, "uint8"
-    if _exact(t, *_TO_TENSOR):
-        if flavour == "float":
-            raise UnsupportedTransform(f"{name} on a float tensor is not replayed")
-        return "to_float", {"module": gpu.ToFloat()}, "float"
-    if _exact(t, T1.ConvertImageDtype, getattr(T2, "ConvertImageDtype", None)) or _exact(t, T2.ToDtype):
-        dtype = t.dtype.get(torch.Tensor, t.dtype.get("others")) if isinstance(t.dtype, dict) else t.dtype
-        scale = getattr(t, "scale", True)
-        if flavour != "uint8" or dtype != torch.float32 or not scale:
-            raise UnsupportedTransform(f"{name}(dtype={dtype}, scale={scale}) on a {flavour} image is not replayed; "
-                                       "only uint8 -> float32 with scaling to [0, 1] is")
-        module = gpu.ToFloat() if _exact(t, T1.ConvertImageDtype) else gpu.ConvertDtype(torch.float32, scale=True)
-        return "to_float", {"module": module}, "float"
-    if _exact(t, T1.Normalize, T2.Normalize):
-        if flavour != "float":
-            raise UnsupportedTransform(f"{name} on a {flavour} image is not replayed (torchvision needs a float tensor)")
-        return "normalize", {"module": gpu.Normalize(t.mean, t.std)}, flavour
-    if _exact(t, T1.RandomErasing, T2.RandomErasing):
-        if flavour != "float":
-            raise UnsupportedTransform(f"{name} on a {flavour} image is not replayed; erase after ToTensor / ToDtype")
-        value = t.value
-        if _api(t) == "v1":
-            value = None if isinstance(value, str) else ([float(value)] if isinstance(value, numbers.Number)
-                                                        else [float(v) for v in value])
-        return "erase", {"p": float(t.p), "value": None if value is None else tuple(value)}, flavour
-    raise UnsupportedTransform(f"{name} is not replayed on the GPU (replayed: RandomResizedCrop, RandomCrop, "
-                               "CenterCrop, Resize, RandomHorizontalFlip, RandomVerticalFlip, ColorJitter, "
-                               "(Random)Grayscale, ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype, "
-                               "Normalize, RandomErasing; exact classes, not subclasses)")
+            raise UnsupportedTransform(f"{name} on a float tensor is not replayed (torchvision's policies "
+                                       "run on PIL images or uint8 tensors)")
+        if info.device != "policy":
+            raise UnsupportedTransform(f"{name} is not replayed, not even in same-distribution mode")
+        return ReplaySpec("policy", {}, flavour)
+    if info is None or info.replay is None:
+        raise UnsupportedTransform(f"{name} is not replayed on the GPU (replayed: {_replayed_names()}; "
+                                   "exact classes, not subclasses)")
+    return info.replay(t, flavour)
+
+
+def _is_fixed_size(spec: ReplaySpec) -> bool:
+    size = spec.options.get("size")
+    return spec.kind in ("resized_crop", "crop", "center_crop") or (
+        spec.kind == "resize" and size is not None and not isinstance(size, numbers.Integral) and len(size) == 2)
 
 
 def recognise(compose: Any, same_distribution: bool = False) -> tuple[ReplayStep, ...]:
@@ -254,30 +171,13 @@ def recognise(compose: Any, same_distribution: bool = False) -> tuple[ReplayStep
     steps: list[ReplayStep] = []
     flavour, offset, fixed = "pil", 0, False
     for t in compose.transforms:
-        name = type(t).__name__
-        if name in RANDOM_POLICIES:
-            if not same_distribution:
-                raise UnsupportedTransform(
-                    f"{name} draws its operation and magnitude inside its forward, so its draws cannot be replayed; "
-                    "pass same_distribution=True to run it on the GPU with its own draws (same distribution, "
-                    "not same draws)")
-            if flavour == "float":
-                raise UnsupportedTransform(f"{name} on a float tensor is not replayed (torchvision's policies "
-                                           "run on PIL images or uint8 tensors)")
-            if name == "AugMix":
-                raise UnsupportedTransform("AugMix is not replayed, not even in same-distribution mode")
-            kind, options, after = "policy", {}, flavour
-        else:
-            kind, options, after = _step(t, flavour)
-        width = _WIDTH.get(kind, 0)
-        steps.append(ReplayStep(kind=kind, name=name, api=_api(t), flavour=flavour, transform=t, offset=offset,
-                                width=width, options=options))
+        spec = _spec(t, flavour, same_distribution)
+        width = _WIDTH.get(spec.kind, 0)
+        steps.append(ReplayStep(kind=spec.kind, name=type(t).__name__, api=_api(t), flavour=flavour, transform=t,
+                                offset=offset, width=width, options=spec.options))
         offset += width
-        flavour = after
-        if kind in ("resized_crop", "crop", "center_crop") or (
-                kind == "resize" and not (options["size"] is None or isinstance(options["size"], numbers.Integral))
-                and len(options["size"]) == 2):
-            fixed = True
+        flavour = spec.domain_after
+        fixed = fixed or _is_fixed_size(spec)
     if not steps:
         raise UnsupportedTransform("the Compose is empty: nothing to replay")
     if not fixed:
@@ -367,13 +267,13 @@ def step_of(transform: Any, flavour: str = "float") -> ReplayStep:
     """A single :class:`ReplayStep` (row offset 0) for ``transform`` applied to a ``flavour`` image."""
     if flavour not in ("pil", "uint8", "float"):
         raise ValueError(f"flavour={flavour!r} must be 'pil', 'uint8' or 'float'")
-    name = type(transform).__name__
-    if name in RANDOM_POLICIES:
-        kind, options = "policy", {}
+    info = registry.info_of(transform)
+    if info is not None and info.op == "policy":
+        spec = ReplaySpec("policy", {}, flavour)
     else:
-        kind, options, _ = _step(transform, flavour)
-    return ReplayStep(kind=kind, name=name, api=_api(transform), flavour=flavour, transform=transform,
-                      width=_WIDTH.get(kind, 0), options=options)
+        spec = _spec(transform, flavour, same_distribution=False)
+    return ReplayStep(kind=spec.kind, name=type(transform).__name__, api=_api(transform), flavour=flavour,
+                      transform=transform, width=_WIDTH.get(spec.kind, 0), options=spec.options)
 
 
 def _sample_resized_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:

@@ -1,7 +1,8 @@
 """Split a torchvision Compose into a CPU part (ends in uint8 CHW) and a GPU part (runs per batch).
 
 :func:`split_transforms` walks a torchvision v1 or v2 ``Compose`` and moves the longest tail that can
-be reproduced exactly on a collated batch to :mod:`pipeline_opt.transforms.gpu` modules:
+be reproduced on a collated batch to :mod:`pipeline_opt.transforms.gpu` modules, as each class's entry
+in :mod:`~pipeline_opt.transforms.registry` says (its exact class: a subclass stays on the CPU):
 
 * ``ToTensor``, v1 ``ConvertImageDtype`` -> :class:`~.gpu.ToFloat`; ``v2.ToDtype`` ->
   :class:`~.gpu.ConvertDtype` (each bit-identical to its original);
@@ -29,75 +30,23 @@ header, same draws as the original) and the GPU part decodes and replays everyth
 from __future__ import annotations
 
 import copy
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torchvision.transforms as T1
 import torchvision.transforms.v2 as T2
-from torchvision.transforms import InterpolationMode
+from torchvision.datasets.vision import StandardTransform
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.transforms import gpu
+from pipeline_opt.transforms import registry
+from pipeline_opt.transforms.cpu_ops import ToUint8CHW
 
-__all__ = ["GpuPipeline", "ToUint8CHW", "offload_dataset_transform", "split_random_transforms", "split_transforms"]
+__all__ = ["GpuPipeline", "ToUint8CHW", "offload_dataset_transform", "replace_transform", "split_random_transforms",
+           "split_transforms"]
 
 log = get_logger("transforms.split")
-
-# Ops whose output has the same size as their input, whatever their parameters.
-_SIZE_PRESERVING = frozenset({
-    "ToTensor", "PILToTensor", "ToImage", "ToPureTensor", "ToPILImage", "ConvertImageDtype", "ToDtype", "Normalize",
-    "ColorJitter", "RandomHorizontalFlip", "RandomVerticalFlip", "Grayscale", "RandomGrayscale", "GaussianBlur",
-    "RandomInvert", "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast",
-    "RandomEqualize", "RandomErasing", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix",
-    "RandomAffine", "RandomPerspective", "RandomPhotometricDistort", "RandomChannelPermutation", "ElasticTransform",
-    "GaussianNoise", "ToUint8CHW",
-})
-# Ops whose output size is fixed by their parameters (so every output has the same size).
-_FIXED_SIZE = frozenset({"CenterCrop", "RandomResizedCrop", "RandomCrop"})
-
-_TO_U8 = tuple(c for c in (T1.PILToTensor, getattr(T2, "PILToTensor", None), getattr(T2, "ToImage", None),
-                           getattr(T2, "ToPureTensor", None)) if c is not None)
-_TO_TENSOR = tuple(c for c in (T1.ToTensor, getattr(T2, "ToTensor", None)) if c is not None)
-_CONVERT_V1 = (T1.ConvertImageDtype,)
-_CONVERT_V2 = tuple(c for c in (getattr(T2, "ConvertImageDtype", None),) if c is not None)
-_CONVERT = _CONVERT_V1 + _CONVERT_V2
-_RESIZE = (T1.Resize, T2.Resize)
-_CROP = (T1.CenterCrop, T2.CenterCrop)
-_NORMALIZE = (T1.Normalize, T2.Normalize)
-
-
-class ToUint8CHW:
-    """The CPU part's last step: a PIL image, HWC/HW uint8 array or uint8 tensor -> uint8 CHW tensor.
-
-    A plain ``torch.Tensor`` comes out (not a ``tv_tensors.Image``), so ``default_collate`` stacks it
-    into one uint8 batch. Floating-point input is refused: the GPU part expects 0..255 uint8.
-    """
-
-    def __call__(self, img: Any) -> torch.Tensor:
-        if isinstance(img, torch.Tensor):
-            if img.dtype != torch.uint8:
-                raise TypeError(f"ToUint8CHW got a {img.dtype} tensor; the CPU part must end in uint8 "
-                                "(split_transforms assumed the transforms before it keep a PIL / uint8 image)")
-            out = img.as_subclass(torch.Tensor)
-            return out.unsqueeze(0) if out.dim() == 2 else out
-        if isinstance(img, np.ndarray):
-            if img.dtype != np.uint8:
-                raise TypeError(f"ToUint8CHW got a {img.dtype} array; expected uint8 HWC or HW")
-            arr = img[:, :, None] if img.ndim == 2 else img
-            return torch.from_numpy(np.array(arr, copy=True)).permute(2, 0, 1).contiguous()
-        from PIL import Image
-
-        if isinstance(img, Image.Image):
-            return T1.functional.pil_to_tensor(img)
-        raise TypeError(f"ToUint8CHW expects a PIL image, a uint8 numpy array or a uint8 tensor, "
-                        f"got {type(img).__name__}")
-
-    def __repr__(self) -> str:
-        return "ToUint8CHW()"
 
 
 class GpuPipeline(torch.nn.Sequential):
@@ -114,6 +63,12 @@ class GpuPipeline(torch.nn.Sequential):
         self.moved = tuple(moved)
         self.kept = tuple(kept)
         self.reason = reason
+
+    @property
+    def exactness(self) -> str:
+        """``bitwise`` when every module gives the CPU op's bits, ``tolerance`` when one is within a bound."""
+        classes = [registry.info_of(m) for m in self]
+        return "tolerance" if any(i is None or i.exactness != "bitwise" for i in classes) else "bitwise"
 
     def describe(self) -> list[str]:
         """One line per transform: where it runs and as what."""
@@ -134,79 +89,28 @@ def _name(t: Any) -> str:
     return type(t).__name__
 
 
-def _interp_ok(t: Any) -> bool:
-    mode = t.interpolation
-    try:
-        return InterpolationMode(mode) == InterpolationMode.BILINEAR
-    except ValueError:
-        return mode in (2, InterpolationMode.BILINEAR)  # PIL's integer code for BILINEAR
-
-
-def _resize_size(t: Any) -> int | tuple[int, int] | None:
-    size = t.size
-    if size is None or isinstance(size, numbers.Integral):
-        return size
-    size = list(size)
-    return size[0] if len(size) == 1 else (int(size[0]), int(size[1]))
-
-
-def _gpu_module(t: Any, state: _State) -> torch.nn.Module | None | str:
-    """The GPU module reproducing ``t`` applied at ``state``; ``"boundary"`` for uint8 conversions;
-    ``None`` when ``t`` cannot be moved."""
-    if isinstance(t, _TO_U8):
-        return "boundary" if state.domain in ("pil", "uint8") else None
-    if isinstance(t, _TO_TENSOR):
-        return gpu.ToFloat() if state.domain == "pil" else None
-    if isinstance(t, _CONVERT_V1) and not isinstance(t, _CONVERT_V2):  # v1 divides by 255, like ToFloat
-        if state.domain == "pil":
-            return None
-        uint8_to_float = state.domain == "uint8" and t.dtype.is_floating_point
-        return gpu.ToFloat(t.dtype) if uint8_to_float else gpu.ConvertDtype(t.dtype, scale=True)
-    if isinstance(t, _CONVERT_V2):
-        return gpu.ConvertDtype(t.dtype, scale=True) if state.domain != "pil" else None
-    if isinstance(t, T2.ToDtype):  # v2 multiplies by 1/255: ConvertDtype calls the same kernel
-        if not isinstance(t.dtype, torch.dtype) or state.domain == "pil":
-            return None
-        return gpu.ConvertDtype(t.dtype, scale=bool(t.scale))
-    if isinstance(t, _NORMALIZE):
-        return gpu.Normalize(t.mean, t.std) if state.domain == "float" else None
-    if isinstance(t, _RESIZE):
-        if not _interp_ok(t):
-            return None
-        # PIL resizes always antialias; tensors follow the flag (None means False, as in torchvision).
-        antialias = True if state.domain == "pil" else t.antialias is not None and bool(t.antialias)
-        return gpu.Resize(_resize_size(t), antialias=antialias, max_size=t.max_size)
-    if isinstance(t, _CROP):
-        return gpu.CenterCrop(tuple(t.size))
-    return None
+def _gpu_module(t: Any, state: _State, exact: bool) -> torch.nn.Module | None | str:
+    """The GPU module reproducing ``t`` applied at ``state`` (:data:`registry.BOUNDARY` for uint8
+    conversions); ``None`` when ``t`` cannot be moved (or, with ``exact``, not bit for bit)."""
+    info = registry.info_of(t)
+    if info is None or info.to_device is None:
+        return None
+    if exact and info.exactness != "bitwise":
+        return None
+    return info.to_device(t, state.domain)
 
 
 def _after(t: Any, state: _State) -> _State:
-    """The state after ``t`` runs on the CPU (conservative for unknown ops)."""
-    name = _name(t)
-    domain = state.domain
-    if isinstance(t, _TO_U8):
-        domain = "uint8"
-    elif isinstance(t, _TO_TENSOR):
-        domain = "float"
-    elif isinstance(t, _CONVERT) or (isinstance(t, T2.ToDtype) and isinstance(t.dtype, torch.dtype)):
-        domain = "float" if t.dtype.is_floating_point else "uint8"
-    elif name == "ToPILImage":
-        domain = "pil"
-    if isinstance(t, _RESIZE):
-        equal = state.equal or (t.size is not None and not isinstance(t.size, numbers.Integral) and len(t.size) == 2)
-    elif name in _FIXED_SIZE:
-        equal = True
-    elif name == "RandomRotation":
-        equal = state.equal and not getattr(t, "expand", True)
-    elif name in _SIZE_PRESERVING:
-        equal = state.equal
-    else:
-        equal = False
-    return _State(domain, equal)
+    """The state after ``t`` runs on the CPU (unknown ops: the domain kept, sizes no longer equal)."""
+    return _State(registry.domain_after(t, state.domain), registry.equal_sizes_after(t, state.equal))
 
 
-def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[Any, GpuPipeline]:
+def _is_geometric(t: Any) -> bool:
+    info = registry.info_of(t)
+    return info is not None and info.op in ("resize", "center_crop")
+
+
+def split_transforms(compose: Any, assume_equal_sizes: bool = False, exact: bool = False) -> tuple[Any, GpuPipeline]:
     """Split ``compose`` into ``(cpu_part, gpu_part)``.
 
     ``cpu_part`` is a Compose of the same torchvision API (v1 or v2) holding the transforms that stay,
@@ -217,7 +121,9 @@ def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[An
     replaced. Inputs must be PIL images (as torchvision datasets yield).
 
     ``assume_equal_sizes=True`` declares that all input images have the same size, which lets size
-    changing ops at the head (``Resize(256)``, ``CenterCrop``) move as well.
+    changing ops at the head (``Resize(256)``, ``CenterCrop``) move as well. ``exact=True`` moves only
+    what the device reproduces bit for bit (a Resize, within 1/255 of PIL there, and everything before
+    it stay on the CPU); ``gpu_part.exactness`` says which the split gives.
     """
     if isinstance(compose, T2.Compose):
         api = T2
@@ -230,7 +136,7 @@ def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[An
     states = [_State("pil", bool(assume_equal_sizes))]
     for t in ops:
         states.append(_after(t, states[-1]))
-    modules = [_gpu_module(t, s) for t, s in zip(ops, states)]
+    modules = [_gpu_module(t, s, exact) for t, s in zip(ops, states)]
 
     start = len(ops)  # the moved tail is ops[start:]; shrink start while the tail stays movable
     while start > 0 and modules[start - 1] is not None:
@@ -238,7 +144,7 @@ def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[An
     reason = "" if start == 0 else f"{_name(ops[start - 1])} cannot run on a batch; it and everything before stay"
     # A tail without geometry leaves sizes as they are: the original outputs are collated into one
     # tensor, so the sizes at its start are equal whatever ran before (unknown ops included).
-    same_size_tail = [all(not isinstance(t, (*_RESIZE, *_CROP)) for t in ops[k:]) for k in range(len(ops) + 1)]
+    same_size_tail = [not any(_is_geometric(t) for t in ops[k:]) for k in range(len(ops) + 1)]
     while start <= len(ops) and (states[start].domain not in ("pil", "uint8")
                                  or not (states[start].equal or same_size_tail[start])):
         why = ("images may differ in size there (pass assume_equal_sizes=True if they do not)"
@@ -250,14 +156,14 @@ def split_transforms(compose: Any, assume_equal_sizes: bool = False) -> tuple[An
         log.info("split_transforms: nothing moved (%s)", reason)
         return compose, GpuPipeline(kept=tuple(_name(t) for t in ops), reason=reason + "; nothing moved")
 
-    while start < len(ops) and modules[start] == "boundary":  # leading conversions are the CPU part's job
+    while start < len(ops) and modules[start] == registry.BOUNDARY:  # leading conversions are the CPU part's job
         start += 1
     kept_ops = ops[:start]
     tail = [(t, m) for t, m in zip(ops[start:], modules[start:])]
     gpu_mods = [m for _, m in tail if isinstance(m, torch.nn.Module)]
     moved = tuple(_name(t) for t, m in tail if isinstance(m, torch.nn.Module))
     cpu_part = api.Compose([*kept_ops, ToUint8CHW()])
-    gpu_part = GpuPipeline(gpu_mods, moved=moved, kept=tuple(_name(t) for t in kept_ops) + ("ToUint8CHW",),
+    gpu_part = GpuPipeline(gpu_mods, moved=moved, kept=tuple(_name(t) for t in kept_ops) + (ToUint8CHW.__name__,),
                            reason=reason)
     log.info("split_transforms: moved %s to the GPU, kept %s", list(moved), list(gpu_part.kept))
     return cpu_part, gpu_part
@@ -305,6 +211,15 @@ def _find_transform_owner(dataset: Any) -> list[Any]:
     return chain
 
 
+def replace_transform(dataset: Any, transform: Any) -> None:
+    """Set ``dataset.transform`` (a copy of the user's dataset) to ``transform``; a ``.transforms`` that is
+    torchvision's ``StandardTransform`` (a VisionDataset keeps both) is rebuilt around it."""
+    dataset.transform = transform
+    standard = getattr(dataset, "transforms", None)
+    if isinstance(standard, StandardTransform):
+        dataset.transforms = StandardTransform(transform, standard.target_transform)
+
+
 def offload_dataset_transform(dataset: Any, assume_equal_sizes: bool = False,
                               split: Callable[..., tuple[Any, GpuPipeline]] = split_transforms
                               ) -> tuple[Any, GpuPipeline]:
@@ -320,13 +235,5 @@ def offload_dataset_transform(dataset: Any, assume_equal_sizes: bool = False,
     copies = [copy.copy(d) for d in chain]
     for outer, inner in zip(copies, copies[1:]):
         outer.dataset = inner
-    owner = copies[-1]
-    owner.transform = cpu_part
-    standard = getattr(owner, "transforms", None)
-    try:
-        from torchvision.datasets.vision import StandardTransform
-    except ImportError:  # pragma: no cover - torchvision always has it
-        StandardTransform = None  # noqa: N806
-    if StandardTransform is not None and isinstance(standard, StandardTransform):
-        owner.transforms = StandardTransform(cpu_part, standard.target_transform)
+    replace_transform(copies[-1], cpu_part)
     return copies[0], gpu_part

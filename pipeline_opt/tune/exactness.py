@@ -34,13 +34,22 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.loading.decode import (
+    EncodedJpegDataset,
+    GpuJpegDecoder,
+    measure_draft_error,
+    packed_jpeg_collate,
+)
+from pipeline_opt.transforms.gpu import Normalize
+from pipeline_opt.transforms.registry import device_exactness
+from pipeline_opt.tune.offload import tolerance_names, variant_dataset
 
 log = get_logger("tune.exactness")
 
@@ -49,7 +58,6 @@ SAMPLE_IMAGES = 12  # images of the user's dataset a decode change is measured o
 DECODE_MAX_ERROR = 32.0  # largest allowed difference of any pixel value, in 1/255 units
 DECODE_MEAN_ERROR = 2.0  # largest allowed mean absolute difference per pixel value, in 1/255 units
 RESIZE_BOUND = 1.0  # documented: the device Resize is within 1/255 of PIL BILINEAR
-TOLERANCE_MODULES = frozenset({"Resize"})  # device transforms that are not bit-identical to the CPU op
 
 _DECODE_NAMES = {"draft": "JPEG draft decoding", "nvjpeg": "JPEG decoding on the GPU (nvJPEG)"}
 
@@ -112,7 +120,7 @@ def exactness_of(config: Mapping[str, Any]) -> str:
     """The class of a configuration's least exact change: ``bitwise``, ``tolerance`` or ``decode``."""
     if (config.get("decode") or "pil") != "pil" or config.get("draft_decode"):
         return "decode"
-    if any(name in TOLERANCE_MODULES for name in config.get("gpu_transforms") or ()):
+    if any(device_exactness(name) != "bitwise" for name in config.get("gpu_transforms") or ()):
         return "tolerance"
     return "bitwise"
 
@@ -151,8 +159,6 @@ def sample_indices(total: int, n: int = SAMPLE_IMAGES) -> list[int]:
 def measure_draft(dataset: Any, plan: Any, n: int = SAMPLE_IMAGES) -> PixelChange:
     """Draft decoding against a full decode on ``n`` of ``dataset.samples``, after the plan's resize
     (:func:`pipeline_opt.loading.decode.measure_draft_error`)."""
-    from pipeline_opt.loading.decode import measure_draft_error
-
     samples = dataset.samples
     paths = [str(samples[i][0]) for i in sample_indices(len(samples), n)]
     err = measure_draft_error(paths, plan.target)
@@ -166,8 +172,6 @@ def measure_draft(dataset: Any, plan: Any, n: int = SAMPLE_IMAGES) -> PixelChang
 def measure_nvjpeg(dataset: Any, plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange:
     """The GPU decoder the candidate would use (``plan``: a :class:`~pipeline_opt.tune.gpu_decode.NvjpegDecode`)
     against the dataset's own pipeline (its loader + transform, on the CPU) on ``n`` images."""
-    from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
-
     samples = [plan.samples[i] for i in sample_indices(len(plan.samples), n)]
     decoder = GpuJpegDecoder(plan.size, mean=plan.mean, std=plan.std, crop=plan.crop, device=device)
     encoded = EncodedJpegDataset(samples)
@@ -196,8 +200,6 @@ def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGE
                          note=f"{parity.decoder} + the replayed augmentation on {device} vs the CPU pipeline, "
                               f"same seed (same draws: {parity.same_draws})")
     if not ok:
-        from dataclasses import replace
-
         return replace(change, allowed=False, note=f"{why}: not offered")
     return _judged(change)
 
@@ -208,11 +210,9 @@ def measure_offload(dataset: Any, plan: Any, device: torch.device, n: int = SAMP
 
     Both sides draw the same random numbers (the CPU part is the same transforms in the same order).
     When the samples cannot be compared, the documented bound is reported instead."""
-    moved = [name for name in plan.names if name in TOLERANCE_MODULES]
+    moved = list(tolerance_names(plan.gpu_transform))
     if not moved:
         return None
-    from pipeline_opt.tune.offload import variant_dataset
-
     name = f"{'+'.join(moved)} on the device"
     setting = f"gpu_transforms={moved[0]}"
     try:
@@ -238,8 +238,6 @@ def _judged(change: PixelChange) -> PixelChange:
     why = refusal(change)
     if not why:
         return change
-    from dataclasses import replace
-
     return replace(change, allowed=False, note=why)
 
 
@@ -256,8 +254,6 @@ def _levels(got: torch.Tensor, want: torch.Tensor, std: Sequence[float] | None) 
 
 
 def _normalize_std(pipeline: Any) -> tuple[float, ...] | None:
-    from pipeline_opt.transforms.gpu import Normalize
-
     modules = list(pipeline) if isinstance(pipeline, torch.nn.Sequential) else [pipeline]
     found = [m for m in modules if isinstance(m, Normalize)]
     return tuple(found[-1].std) if found else None

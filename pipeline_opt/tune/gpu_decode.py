@@ -16,9 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
+from pipeline_opt.loader_clone import clone_loader
+from pipeline_opt.loading import DeviceLoader
+from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem
+from pipeline_opt.transforms.registry import info_of, is_bilinear, pair, resize_size
 
 NVJPEG_WORKERS = 4  # the most workers the GPU-decode candidate starts with: they only read files
 
@@ -37,10 +41,6 @@ class NvjpegDecode:
               prepare_in_thread: bool = True) -> Any:
         """A DeviceLoader decoding on ``device`` (in a background thread unless ``prepare_in_thread=False``)
         around a clone of ``loader`` with ``overrides``."""
-        from pipeline_opt.loader_clone import clone_loader
-        from pipeline_opt.loading import DeviceLoader
-        from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
-
         decoder = GpuJpegDecoder(self.size, mean=self.mean, std=self.std, crop=self.crop, device=device)
         clone = clone_loader(loader, dataset=EncodedJpegDataset(self.samples), collate_fn=packed_jpeg_collate,
                              **overrides)
@@ -52,45 +52,32 @@ def _steps(transform: Any) -> list[Any] | None:
     return None if steps is None else list(steps)
 
 
-def _pair(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, int):
-        return value, value
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        return int(value[0]), int(value[0])
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return int(value[0]), int(value[1])
-    return None
+def _op(step: Any) -> str:
+    """The registry's name for what ``step`` does, for torchvision's classes ("" for anything else)."""
+    info = info_of(step)
+    return info.op if info is not None and info.origin == "torchvision" else ""
 
 
 def _resize(step: Any) -> tuple[int | tuple[int, int] | None, str]:
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-
-    if not isinstance(step, (T1.Resize, T2.Resize)):
+    if _op(step) != "resize":
         return None, f"the transform starts with {type(step).__name__}, not a Resize"
-    mode = getattr(step.interpolation, "value", step.interpolation)
-    if str(mode).lower() != "bilinear":
+    if not is_bilinear(step):
+        mode = getattr(step.interpolation, "value", step.interpolation)
         return None, f"Resize uses {mode} interpolation; the GPU decoder resizes bilinearly"
     if getattr(step, "max_size", None) is not None or getattr(step, "antialias", True) is False:
         return None, "Resize has max_size or antialias=False, which the GPU decoder does not reproduce"
-    size = step.size
-    if isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 1):
-        return int(size if isinstance(size, int) else size[0]), ""
-    pair = _pair(size)
-    return (pair, "") if pair else (None, f"Resize(size={size!r}) is not understood")
+    size = resize_size(step)
+    return (size, "") if size is not None else (None, f"Resize(size={step.size!r}) is not understood")
 
 
 def _to_float(steps: list[Any]) -> tuple[int, str]:
     """How many steps make the float [0, 1] tensor (1 or 2), or 0 and why not."""
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-
-    if steps and isinstance(steps[0], T1.ToTensor):
+    first = _op(steps[0]) if steps else ""
+    if first == "to_tensor":
         return 1, ""
-    if steps and isinstance(steps[0], T1.ConvertImageDtype):
-        return 0, "ConvertImageDtype without ToTensor"
-    if len(steps) >= 2 and isinstance(steps[0], (T2.ToImage, T1.PILToTensor)) \
-            and isinstance(steps[1], (T2.ToDtype, T1.ConvertImageDtype)):
+    if first == "convert_dtype":
+        return 0, f"{type(steps[0]).__name__} without ToTensor"
+    if first == "to_uint8" and len(steps) >= 2 and _op(steps[1]) == "convert_dtype":
         dtype = getattr(steps[1], "dtype", None)
         dtype = dtype.get(torch.Tensor, None) if isinstance(dtype, dict) else dtype
         scale = getattr(steps[1], "scale", True)
@@ -103,10 +90,6 @@ def _to_float(steps: list[Any]) -> tuple[int, str]:
 
 def plan_nvjpeg_decode(loader: DataLoader) -> tuple[NvjpegDecode | None, str]:
     """A GPU-decode plan for ``loader`` (any device: the caller decides where it runs), or ``(None, why)``."""
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-    from torch.utils.data import default_collate
-
     dataset = loader.dataset
     problem = jpeg_folder_problem(dataset)
     if problem:
@@ -125,8 +108,8 @@ def plan_nvjpeg_decode(loader: DataLoader) -> tuple[NvjpegDecode | None, str]:
     if size is None:
         return None, why
     rest, crop = steps[1:], None
-    if rest and isinstance(rest[0], (T1.CenterCrop, T2.CenterCrop)):
-        crop, rest = _pair(rest[0].size), rest[1:]
+    if rest and _op(rest[0]) == "center_crop":
+        crop, rest = pair(rest[0].size), rest[1:]
     if crop is None and isinstance(size, int):
         return None, f"Resize({size}) keeps the aspect ratio and no CenterCrop follows: the images differ in size"
     n, why = _to_float(rest)
@@ -134,7 +117,7 @@ def plan_nvjpeg_decode(loader: DataLoader) -> tuple[NvjpegDecode | None, str]:
         return None, why
     rest = rest[n:]
     mean = std = None
-    if rest and isinstance(rest[0], (T1.Normalize, T2.Normalize)) and not getattr(rest[0], "inplace", False):
+    if rest and _op(rest[0]) == "normalize" and not getattr(rest[0], "inplace", False):
         mean, std, rest = tuple(map(float, rest[0].mean)), tuple(map(float, rest[0].std)), rest[1:]
     if rest:
         return None, f"{type(rest[0]).__name__} after the conversion is not reproduced by the GPU decoder"

@@ -16,10 +16,12 @@ from typing import Any
 import torch
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.loading import decode
 from pipeline_opt.transforms.jpeg_header import JPEG_SUFFIXES
+from pipeline_opt.transforms.registry import device_exactness, info_of
+from pipeline_opt.transforms.split import replace_transform, split_transforms
 
 log = get_logger("tune.offload")
-
 
 
 @dataclass(frozen=True)
@@ -58,34 +60,6 @@ def _is_empty(transform: Any) -> bool:
     return steps is not None and len(steps) == 0
 
 
-class KeptOnCpu:
-    """Transforms the split must leave on the CPU, run as one opaque (picklable) step."""
-
-    def __init__(self, transforms: list[Any]) -> None:
-        self.transforms = list(transforms)
-
-    def __call__(self, img: Any) -> Any:
-        for t in self.transforms:
-            img = t(img)
-        return img
-
-    def __repr__(self) -> str:
-        return f"KeptOnCpu({', '.join(type(t).__name__ for t in self.transforms)})"
-
-
-def _bitwise_only(transform: Any) -> Any | None:
-    """``transform`` with everything up to its last Resize wrapped in :class:`KeptOnCpu`, so a split
-    can move only the bit-identical tail; None when it has no Resize to hold back."""
-    steps = getattr(transform, "transforms", None)
-    if steps is None:
-        return None
-    steps = list(steps)
-    last = max((i for i, t in enumerate(steps) if type(t).__name__ == "Resize"), default=None)
-    if last is None:
-        return None
-    return type(transform)([KeptOnCpu(steps[:last + 1]), *steps[last + 1:]])
-
-
 def plan_gpu_offload(dataset: Any, exact: bool = False) -> tuple[GpuOffload | None, str]:
     """Split ``dataset.transform`` with :func:`pipeline_opt.transforms.split_transforms`.
 
@@ -98,21 +72,23 @@ def plan_gpu_offload(dataset: Any, exact: bool = False) -> tuple[GpuOffload | No
     if transform is None:
         return None, f"{type(dataset).__name__} has no .transform to split"
     try:
-        from pipeline_opt.transforms import split_transforms
-
         cpu, gpu = split_transforms(transform)
         held = ""
-        if exact and any(name == "Resize" for name in transform_names(gpu)):
-            held = ("Resize stays on the CPU (exact=True): on the device it is within 1/255 of PIL bilinear, "
-                    "not bit-identical")
-            narrowed = _bitwise_only(transform)
-            cpu, gpu = split_transforms(narrowed) if narrowed is not None else (transform, None)
+        if exact and gpu.exactness != "bitwise":
+            held = (f"{'+'.join(tolerance_names(gpu))} stays on the CPU (exact=True): on the device it is within "
+                    "1/255 of PIL bilinear, not bit-identical")
+            cpu, gpu = split_transforms(transform, exact=True)
     except (TypeError, ValueError) as exc:
         return None, f"the transform cannot be split: {exc}"
     if _is_empty(gpu):
         return None, held or "no transform of the dataset can run on the device"
     return GpuOffload(cpu_transform=None if _is_empty(cpu) else cpu, gpu_transform=gpu,
                       names=transform_names(gpu)), held
+
+
+def tolerance_names(gpu_part: Any) -> tuple[str, ...]:
+    """The names of the device modules of ``gpu_part`` that are not bit-identical to the CPU op."""
+    return tuple(name for name in transform_names(gpu_part) if device_exactness(name) != "bitwise")
 
 
 def _first_step(transform: Any) -> Any:
@@ -130,17 +106,11 @@ def plan_draft_decode(dataset: Any) -> tuple[DraftDecode | None, str]:
         return None, f"the images are not JPEGs ({path.rsplit('.', 1)[-1]})"
     first = _first_step(getattr(dataset, "transform", None))
     size = getattr(first, "size", None)
-    if first is None or type(first).__name__ != "Resize" or size is None:
+    info = info_of(first)
+    if info is None or info.op != "resize" or info.origin != "torchvision" or size is None:
         return None, "the transform does not start with a Resize (draft decoding needs the target size)"
     try:
-        from pipeline_opt.loading import decode
-    except ImportError:
-        return None, "pipeline_opt.loading.decode is not available"
-    factory = getattr(decode, "draft_loader", None) or getattr(decode, "DraftLoader", None)
-    if factory is None:
-        return None, "pipeline_opt.loading.decode has no draft loader"
-    try:
-        image_loader = factory(size)
+        image_loader = decode.draft_loader(size)
     except (TypeError, ValueError) as exc:
         return None, f"draft decoding does not support Resize(size={size!r}): {exc}"
     return DraftDecode(image_loader=image_loader, target=size), ""
@@ -152,10 +122,7 @@ def variant_dataset(dataset: Any, gpu: GpuOffload | None, draft: DraftDecode | N
         return dataset
     new = copy.copy(dataset)
     if gpu is not None:
-        new.transform = gpu.cpu_transform
-        standard = getattr(dataset, "transforms", None)
-        if type(standard).__name__ == "StandardTransform":  # torchvision VisionDataset keeps both
-            new.transforms = type(standard)(gpu.cpu_transform, getattr(standard, "target_transform", None))
+        replace_transform(new, gpu.cpu_transform)
     if draft is not None:
         new.loader = draft.image_loader
     return new

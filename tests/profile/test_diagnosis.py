@@ -202,3 +202,22 @@ def test_the_training_threads_own_cpu_is_stated_beside_the_processs():
     alone = diagnose(_gpu(step_time_s=0.06, main_thread_cpu_s=0.038, main_cpu_s=None)).evidence
     assert any(e.endswith("(63% of the step)") for e in alone)
     assert not any("training thread ran" in e for e in diagnose(_gpu(main_thread_cpu_s=None)).evidence)
+
+
+def test_each_movable_transform_gets_the_way_its_framework_moves_it():
+    """The registry's device path picks the advice: split_transforms for Normalize, the replay for a random
+    crop, attach() for ultralytics' stages; RandomPerspective is read as the framework of its neighbours."""
+    tv = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01,
+                       transform_s={"RandomResizedCrop": 0.003, "RandomPerspective": 0.002, "Normalize": 0.002}))
+    recs = [r for r in tv.recommendations if r.startswith("move ")]
+    assert any("Normalize" in r and "split_transforms" in r for r in recs)
+    assert any("RandomResizedCrop" in r and "same draws" in r for r in recs)
+    assert any("RandomPerspective" in r and "kornia" in r for r in recs)
+    yolo = diagnose(_gpu(data_wait_frac=0.5, sample_s=0.01,
+                         transform_s={"Mosaic": 0.004, "RandomPerspective": 0.002, "RandomHSV": 0.002}))
+    (rec,) = [r for r in yolo.recommendations if r.startswith("move ")]
+    assert "RandomPerspective" in rec and "RandomHSV" in rec and "attach(model)" in rec
+    assert "Mosaic" not in rec  # no device path: it stays
+    cpu = diagnose(Measurements(device_type="cpu", step_time_s=0.1, compute_time_s=0.01, data_wait_frac=0.9,
+                                sample_s=0.01, transform_s={"Normalize": 0.003, "Lambda": 0.003}))
+    assert [r for r in cpu.recommendations if "cheapen" in r] == ["cheapen the per-sample CPU work: Normalize (30%)"]

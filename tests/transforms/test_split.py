@@ -82,6 +82,22 @@ def test_v2_tensor_pipeline_is_exact(images):
     _check(compose, images, True, ("CenterCrop", "ToDtype", "Resize", "Normalize"), tol=0.0)
 
 
+@pytest.mark.parametrize("api", [T1, T2], ids=["v1", "v2"])
+def test_exact_split_moves_only_bit_identical_ops(api, images):
+    """exact=True: the Resize (within 1/255 of PIL on the device) stays with everything before it; a
+    CenterCrop after a Resize((h, w)) still moves, and the device part gives the CPU's bytes."""
+    compose = api.Compose([api.Resize((200, 180)), api.CenterCrop(160), *_to_float(api), api.Normalize(MEAN, STD)])
+    tail = ("ToTensor",) if api is T1 else ("ToDtype",)
+    _, loose = split_transforms(compose, assume_equal_sizes=True)
+    assert loose.moved[0] == "Resize" and loose.exactness == "tolerance"
+    cpu, g = _check(compose, images, False, ("CenterCrop", *tail, "Normalize"), tol=0.0)
+    exact_cpu, exact = split_transforms(compose, assume_equal_sizes=True, exact=True)
+    assert exact.moved == g.moved and exact.exactness == "bitwise"
+    assert [type(t).__name__ for t in exact_cpu.transforms] == ["Resize", "ToUint8CHW"]
+    got = exact(default_collate([exact_cpu(im) for im in images]))
+    assert torch.equal(got, torch.stack([compose(im) for im in images]))
+
+
 def test_variable_sizes_keep_shorter_side_resize_on_cpu(images):
     imgs = [im.crop((0, 0, 320 - 8 * i, 240 - 4 * i)) for i, im in enumerate(images)]
     compose = T1.Compose([T1.Resize(256), T1.CenterCrop(224), T1.ToTensor(), T1.Normalize(MEAN, STD)])

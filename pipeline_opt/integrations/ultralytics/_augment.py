@@ -27,6 +27,7 @@ import torch
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
 from pipeline_opt.integrations.ultralytics._step import images_to_device
+from pipeline_opt.integrations.ultralytics._transforms import RANDOM_HSV, RANDOM_PERSPECTIVE
 from pipeline_opt.integrations.ultralytics._walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")
@@ -68,7 +69,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
             before = {"hgain": t.hgain, "sgain": t.sgain, "vgain": t.vgain}
             if any(before.values()):
                 t.hgain = t.sgain = t.vgain = 0.0
-                stages.append(("RandomHSV", before))
+                stages.append((RANDOM_HSV.name, before))
         elif isinstance(t, RandomFlip):
             if t.p > 0:
                 stages.append((f"RandomFlip({t.direction})", {"p": t.p}))
@@ -79,7 +80,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
                 for k in AFFINE_GAINS:
                     setattr(t, k, 0.0)
                 _crop_instead_of_warp(t)
-                stages.append(("RandomPerspective", before))
+                stages.append((RANDOM_PERSPECTIVE.name, before))
     if stages:
         log.info("CPU augmentation moved to the device: %s", ", ".join(n for n, _ in stages))
     return DisabledStages(tuple(stages))
@@ -92,11 +93,11 @@ def active_cpu_stages(dataset: Any, *, affine: bool = False) -> list[str]:
     out = []
     for t in iter_transforms(getattr(dataset, "transforms", None)):
         if isinstance(t, RandomHSV) and (t.hgain or t.sgain or t.vgain):
-            out.append("RandomHSV")
+            out.append(RANDOM_HSV.name)
         elif isinstance(t, RandomFlip) and t.p > 0:
             out.append(f"RandomFlip({t.direction})")
         elif affine and isinstance(t, RandomPerspective) and any(getattr(t, k) for k in AFFINE_GAINS):
-            out.append("RandomPerspective")
+            out.append(RANDOM_PERSPECTIVE.name)
     return out
 
 
@@ -213,11 +214,11 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
     restored = []
     for t in iter_transforms(getattr(dataset, "transforms", None)):
         if isinstance(t, RandomHSV) and not (t.hgain or t.sgain or t.vgain):
-            name = "RandomHSV"
+            name = RANDOM_HSV.name
         elif isinstance(t, RandomFlip) and t.p == 0:
             name = f"RandomFlip({t.direction})"
         elif isinstance(t, RandomPerspective) and not any(getattr(t, k) for k in AFFINE_GAINS):
-            name = "RandomPerspective"
+            name = RANDOM_PERSPECTIVE.name
         else:
             continue
         match = next((i for i, (n, _) in enumerate(pending) if n == name), None)
@@ -226,7 +227,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
         _, before = pending.pop(match)
         for key, value in before.items():
             setattr(t, key, value)
-        if name == "RandomPerspective":
+        if name == RANDOM_PERSPECTIVE.name:
             unpatch(t, "apply_image")  # the class's warp again
         restored.append(name)
     if restored:

@@ -34,6 +34,7 @@ from pipeline_opt.integrations.ultralytics._augment import (
     disable_cpu_augment,
     restore_cpu_augment,
 )
+from pipeline_opt.integrations.ultralytics._transforms import RANDOM_PERSPECTIVE
 from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
@@ -43,7 +44,7 @@ from pipeline_opt.tune.measure import Measurement, TrialFailed
 log = get_logger("integrations.ultralytics")
 
 FORCE = "force"
-_WARP_STAGE = "RandomPerspective"  # what the warp's move silences (and set_affine(False) restores)
+_WARP_STAGE = RANDOM_PERSPECTIVE.name  # what the warp's move silences (and set_affine(False) restores)
 
 
 def check_gpu_augment(value: Any, name: str = "gpu_augment") -> None:
