@@ -135,7 +135,7 @@ def cpu_compose(crop: int, pipeline: str = "eval") -> T.Compose:
 
 def replay_source(root: Path, sizes: Sizes, point: Point, device: torch.device) -> Any:
     """The random training pipeline replayed on the device (what po.autotune offers for it)."""
-    from pipeline_opt.transforms.random_plan import plan_random_gpu_pipeline
+    from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
 
     dataset = torchvision.datasets.ImageFolder(root, transform=cpu_compose(sizes.crop, "train"))
     loader = make_loader(dataset, sizes, point.workers, point.pin)

@@ -110,7 +110,7 @@ import torch  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 from benchmarks.bench_yolo import Bench, _close_loader, _count, _per_batch_ms, slot_meta  # noqa: E402
 from benchmarks.bench_yolo import Sizes as YoloSizes  # noqa: E402
-from pipeline_opt.loader_clone import clone_loader  # noqa: E402
+from pipeline_opt.loading.dataloader import clone_loader  # noqa: E402
 
 NAME = "bench_yolo_gap"
 

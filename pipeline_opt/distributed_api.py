@@ -175,7 +175,7 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
         return result.loader
     from torch.utils.data import DataLoader
 
-    from pipeline_opt.loader_clone import TUNABLE, clone_loader
+    from pipeline_opt.loading.dataloader import TUNABLE, clone_loader
 
     base = original if isinstance(original, DataLoader) else getattr(original, "loader", None)
     if not isinstance(base, DataLoader):

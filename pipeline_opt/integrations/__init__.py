@@ -6,7 +6,7 @@ Importing this package registers the frameworks' transforms in
 of their pipelines names what moves to the GPU.
 """
 
-from pipeline_opt.integrations.ultralytics import _transforms  # noqa: F401  (registers ultralytics' transforms)
+from pipeline_opt.integrations.ultralytics import _protocol  # noqa: F401  (registers ultralytics through the protocols)
 
 __all__ = ["ultralytics"]
 

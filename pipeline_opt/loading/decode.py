@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from PIL import Image
 import pipeline_opt.transforms.gpu as gpu
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
+from pipeline_opt.transforms.jpeg_batch import PackedJpegs, decode_jpegs, packed_jpeg_collate, unpack_jpegs
 from pipeline_opt.transforms.registry import info_of
 
 __all__ = [
@@ -186,14 +186,6 @@ def measure_draft_error(paths: Sequence[str | os.PathLike], target: Any) -> Draf
 
 # ------------------------------------------------------------------------------------- GPU decoding
 
-class PackedJpegs(NamedTuple):
-    """A batch of encoded JPEGs: ``data`` holds all files back to back, ``sizes[i]`` bytes each."""
-
-    data: torch.Tensor  # uint8 (sum(sizes),)
-    sizes: torch.Tensor  # int64 (B,)
-    labels: Any  # collated labels (int64 (B,) for class indices)
-
-
 class EncodedJpegDataset(torch.utils.data.Dataset):
     """``(encoded bytes as a uint8 tensor, label)`` per file: workers only read, never decode.
 
@@ -232,50 +224,6 @@ class EncodedJpegDataset(torch.utils.data.Dataset):
         return torch.from_numpy(data), label
 
 
-def packed_jpeg_collate(batch: Sequence[tuple[torch.Tensor, Any]]) -> PackedJpegs:
-    """Pack ``[(bytes_tensor, label), ...]`` into one :class:`PackedJpegs` (a DataLoader ``collate_fn``).
-
-    In a worker process the packed bytes are written straight into shared memory (as
-    ``default_collate`` does for stacked tensors), so the batch crosses to the main process as one
-    handle plus two small tensors.
-    """
-    if not batch:
-        raise ValueError("packed_jpeg_collate got an empty batch")
-    blobs = [b for b, _ in batch]
-    for b in blobs:
-        if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1:
-            raise TypeError("packed_jpeg_collate expects (1-D uint8 tensor, label) samples, as "
-                            f"EncodedJpegDataset yields; got {type(b).__name__}")
-    sizes = torch.tensor([b.numel() for b in blobs], dtype=torch.int64)
-    total = int(sizes.sum())
-    out = None
-    if torch.utils.data.get_worker_info() is not None:
-        storage = blobs[0]._typed_storage()._new_shared(total, device="cpu")
-        out = blobs[0].new(storage).resize_(total)
-    data = torch.cat(blobs, out=out)
-    labels = torch.utils.data.default_collate([y for _, y in batch])
-    return PackedJpegs(data, sizes, labels)
-
-
-def unpack_jpegs(data: torch.Tensor, sizes: torch.Tensor) -> list[torch.Tensor]:
-    """The per-file views of a packed batch (no copy)."""
-    if data.dim() != 1 or data.dtype != torch.uint8:
-        raise TypeError(f"data must be a 1-D uint8 tensor, got {data.dtype} of shape {tuple(data.shape)}")
-    counts = [int(s) for s in sizes.tolist()]
-    if sum(counts) != data.numel():
-        raise ValueError(f"sizes add up to {sum(counts)} bytes but data holds {data.numel()}")
-    return list(torch.split(data, counts))
-
-
-def _decode(blobs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    with warnings.catch_warnings():  # torchvision >= 0.29 deprecates its image IO in favour of TorchCodec
-        warnings.filterwarnings("ignore", message="The image decoding and encoding", category=DeprecationWarning)
-        out = decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
 class GpuJpegDecoder:
     """Decode a :class:`PackedJpegs` batch on ``device``, resize, crop, scale and normalise it.
 
@@ -309,7 +257,7 @@ class GpuJpegDecoder:
         if data.is_cuda:
             raise ValueError("the packed JPEG bytes are already on the GPU; nvJPEG reads host memory. Give "
                              "the decoder as DeviceLoader(batch_transform=...) so it runs before the copy")
-        images = _decode(unpack_jpegs(data, sizes), self.device)
+        images = decode_jpegs(unpack_jpegs(data, sizes), self.device)
         out: list[torch.Tensor | None] = [None] * len(images)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, img in enumerate(images):

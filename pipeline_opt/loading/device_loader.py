@@ -36,10 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from pipeline_opt._device import resolve_device
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import image_key, map_leaves, move_to_device
+from pipeline_opt.loading.dataloader import release_workers
 
 __all__ = ["DeviceLoader", "apply_to_images"]
 
@@ -146,8 +148,6 @@ class DeviceLoader:
             self._use_slots()
 
     def _use_slots(self) -> None:
-        from torch.utils.data import DataLoader
-
         from pipeline_opt.loading.shared_slots import slot_loader, slot_pool_of
 
         loader = self.loader
@@ -179,15 +179,12 @@ class DeviceLoader:
         return None if self._receiver is None else self._receiver.receive_stats()
 
     def close(self) -> None:
-        """Shut the wrapped loader's workers down (its own ``close()``, or a persistent iterator's) and
-        un-page-lock the shared slots. Iterating again afterwards starts new workers."""
+        """Shut the wrapped loader's workers down (a persistent iterator's; another wrapper's own
+        ``close()``) and un-page-lock the shared slots. Iterating again afterwards starts new workers."""
         close = getattr(self.loader, "close", None)
-        if callable(close):
+        if not isinstance(self.loader, DataLoader) and callable(close):
             close()
-        persistent = getattr(self.loader, "_iterator", None)
-        if persistent is not None and hasattr(persistent, "_shutdown_workers"):
-            self.loader._iterator = None
-            persistent._shutdown_workers()
+        release_workers(self.loader)
         if self._receiver is not None:
             self._receiver.close()
 

@@ -52,8 +52,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import image_key, iter_leaves, map_leaves
-from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, stackable_images
-from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
+from pipeline_opt.loading.batch_formats import StackedCollate, find_collate, stacked_collate_of
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
 
@@ -324,8 +323,9 @@ def _packable(t: torch.Tensor) -> bool:
 class SlotCollate:
     """Wraps a loader's ``collate_fn``: in a worker, the batch's image tensor is put in a reused slot.
 
-    In the training process (``num_workers=0``) it is the wrapped function. ultralytics' collate
-    function gets its images stacked straight into the slot; any other is called as it is and the
+    In the training process (``num_workers=0``) it is the wrapped function. A registered
+    :class:`~pipeline_opt.loading.batch_formats.StackedCollate` (a framework's collate function, e.g.
+    ultralytics') gets its images stacked straight into the slot; any other is called as it is and the
     image tensor it returns (the first tensor, or ``batch["img"]`` / ``batch["image"]``...) is copied
     in. Once the receiver holds the slot, the batch's other plain tensors are copied in as well and
     every tensor travels as a :class:`SlotRef`. Batches, keys and values are otherwise exactly what
@@ -371,8 +371,9 @@ class SlotCollate:
         if not slots.owner:
             self.pool.count(slots.worker_id, _UNSUPPORTED)
             return self.collate_fn(samples)
-        if is_ultralytics_collate_fn(self.collate_fn):
-            placed = self._stack_ultralytics(samples, slots)
+        fmt = stacked_collate_of(self.collate_fn)
+        if fmt is not None:
+            placed = self._stack_into_slot(fmt, samples, slots)
             if placed is not None:
                 return self._send(*placed, slots)
         batch = self.collate_fn(samples)
@@ -391,8 +392,9 @@ class SlotCollate:
         view.copy_(image)
         return self._send(_replace(batch, place, view), view, claim, slots)
 
-    def _stack_ultralytics(self, samples: list, slots: _WorkerSlots) -> tuple[dict, torch.Tensor, _Claim] | None:
-        images = stackable_images(samples)
+    def _stack_into_slot(self, fmt: StackedCollate, samples: list,
+                         slots: _WorkerSlots) -> tuple[Any, torch.Tensor, _Claim] | None:
+        images = fmt.images(samples)
         if images is None:
             return None  # let the collate function handle (or reject) it
         claim = slots.take(len(images) * images[0].nbytes)
@@ -400,7 +402,7 @@ class SlotCollate:
             return None
         view = _bytes_view(claim.storage, HEADER_BYTES, (len(images), *images[0].shape), images[0].dtype)
         torch.stack(images, 0, out=view)
-        return collate_around(self.collate_fn, samples, view), view, claim
+        return fmt.collate_around(self.collate_fn, samples, view), view, claim
 
     def _send(self, batch: Any, image: torch.Tensor, claim: _Claim, slots: _WorkerSlots) -> Any:
         """``batch`` as it goes to the training process: with the slot's tensor the first time the
@@ -435,7 +437,7 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
     releases each slot once its copy is done; iterated directly, the slots are never released and
     the workers fall back to the ordinary path after their first batches.
     """
-    from pipeline_opt.loader_clone import clone_loader, loader_config
+    from pipeline_opt.loading.dataloader import clone_loader, loader_config
 
     if not isinstance(loader, DataLoader):
         raise TypeError(f"shared slots need a torch DataLoader, got {type(loader).__name__}")

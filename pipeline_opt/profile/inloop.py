@@ -34,13 +34,13 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import resolve_device
+from pipeline_opt.loading.dataloader import release_workers
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.install import (
     describe_loader,
     epoch_trace_steps,
     install_worker_profiling,
     loop_skip_steps,
-    shutdown_iteration,
     skip_steps,
     thread_spans_of,
 )
@@ -96,7 +96,7 @@ class LoopProfiler:
                                       record_shapes=record_shapes, tensorboard_dir=tensorboard_dir,
                                       trace_steps=trace_steps)
         self._loader, self._collector = install_worker_profiling(loader, enabled=worker_profiling)
-        self._iterator: Any = None
+        self._batches: Any = None
         self._in_step = False
         self._report: ProfileReport | None = None
         self._closed = False
@@ -118,7 +118,7 @@ class LoopProfiler:
         prof = self._profiler
         prof.start()
         prof.new_epoch()
-        self._iterator = iterator = iter(self._loader)
+        self._batches = iterator = iter(self._loader)
         while True:
             if self._in_step:
                 self.step()
@@ -194,8 +194,8 @@ class LoopProfiler:
         if self._closed:
             return
         self._profiler.stop()
-        shutdown_iteration(self._iterator, self._loader)
-        self._iterator = None
+        release_workers(self._loader, self._batches)
+        self._batches = None
         self._collector.close()
         self._closed = True
 

@@ -2,7 +2,7 @@
 
 :func:`install_worker_profiling` is the reusable entry point (``po.profile``, the in-loop profiler
 and the ultralytics integration use it): it never touches the user's loader; it returns a clone
-(:func:`pipeline_opt.loader_clone.clone_loader`) whose dataset, collate function and
+(:func:`pipeline_opt.loading.dataloader.clone_loader`) whose dataset, collate function and
 ``worker_init_fn`` are the profiling proxies, and the :class:`WorkerCollector` that reads the
 results. A ``DeviceLoader`` (anything with a DataLoader under ``.loader``) is re-wrapped around the
 profiled clone with the same device, transforms and shared slots (the clone's workers get slots of
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt.loader_clone import clone_loader, loader_config
+from pipeline_opt.loading.dataloader import clone_loader, loader_config
 from pipeline_opt.profile import workers
 from pipeline_opt.profile.collector import WorkerCollector
 
@@ -95,28 +95,6 @@ def thread_spans_of(loader: Any) -> tuple[tuple[str, int, int], ...]:
     :meth:`~pipeline_opt.loading.device_loader.DeviceLoader.thread_spans`); empty for any other loader."""
     spans = getattr(type(loader), "thread_spans", None)
     return spans(loader) if callable(spans) else ()
-
-
-def shutdown_iteration(iterator: Iterator | None, loader: Any) -> None:
-    """Stop the worker processes behind ``iterator`` / ``loader`` now instead of at garbage collection."""
-    seen: set[int] = set()
-
-    def stop(obj: Any) -> None:
-        if obj is None or id(obj) in seen:
-            return
-        seen.add(id(obj))
-        shutdown = getattr(obj, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
-        elif inspect.isgenerator(obj):
-            obj.close()
-
-    stop(iterator)
-    node, depth = loader, 0
-    while node is not None and depth < 4:
-        stop(getattr(node, "_iterator", None))  # persistent_workers keeps it on the loader
-        stop(getattr(node, "iterator", None))  # ultralytics InfiniteDataLoader
-        node, depth = getattr(node, "loader", None), depth + 1
 
 
 def skip_steps(warmup: int, config: dict[str, Any]) -> int:

@@ -48,9 +48,9 @@ from torch.profiler import ProfilerActivity, schedule
 from pipeline_opt._logging import get_logger
 from pipeline_opt._sched import thread_sched
 from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt.loading.dataloader import release_workers
 from pipeline_opt.profile import trace as trace_mod
 from pipeline_opt.profile.diagnosis import is_sync_op
-from pipeline_opt.profile.install import shutdown_iteration
 from pipeline_opt.profile.memory import MemoryMeter
 from pipeline_opt.profile.report import OpStat, StepRecord
 from pipeline_opt.report.progress import progress_bar
@@ -566,7 +566,7 @@ def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.de
     finally:
         profiler.stop()
         bar.close()
-        shutdown_iteration(iterator, loader)
+        release_workers(loader, iterator)
 
 
 def median(values: list[float]) -> float:

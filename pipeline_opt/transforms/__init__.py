@@ -9,11 +9,12 @@
   ``split_random_transforms(compose) -> (sampler, gpu_part)``.
 * :mod:`~pipeline_opt.transforms.random_gpu` — the device side: nvJPEG decode + Kornia augmentations
   fed the replayed parameters (needs Kornia: ``pip install 'pipeline-opt[gpu]'``; loaded on first use).
-* :mod:`~pipeline_opt.transforms.random_plan` — ``plan_random_gpu_pipeline(loader)`` for the tuner.
+* ``plan_random_gpu_pipeline(loader)`` (the tuner's plan for that path) lives in
+  :mod:`pipeline_opt.loading.random_plan`; importable from here too.
 """
 
+from pipeline_opt.loading.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.transforms.gpu import CenterCrop, ConvertDtype, Normalize, Resize, ToFloat
-from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.transforms.replay import (
     ReplayBatch,
     ReplayDataset,
@@ -47,7 +48,7 @@ __all__ = [
 _KORNIA_NAMES = frozenset({"RandomGpuPipeline"})  # not in __all__: a star import must work without Kornia
 
 
-_LOADING = frozenset({"DeviceLoader", "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder",
+_LOADING = frozenset({"RandomGpuPlan", "plan_random_gpu_pipeline", "DeviceLoader", "DraftError", "DraftLoader", "EncodedJpegDataset", "GpuJpegDecoder",
                       "PackedJpegs", "apply_to_images", "draft_dataset", "draft_loader", "gpu_jpeg_loader",
                       "measure_draft_error", "open_draft", "packed_jpeg_collate"})
 

@@ -55,9 +55,9 @@ except ImportError:  # pragma: no cover - a Kornia without the marker computes t
         return method
 
 from pipeline_opt._logging import get_logger
-from pipeline_opt.loading.decode import _decode, unpack_jpegs
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms import replay_kernels as K
+from pipeline_opt.transforms.jpeg_batch import decode_jpegs, unpack_jpegs
 from pipeline_opt.transforms.replay import (
     GEOMETRIC,
     ReplayBatch,
@@ -541,7 +541,7 @@ class RandomGpuPipeline(torch.nn.Module):
         if data.is_cuda:
             raise ValueError("the packed JPEG bytes are already on the GPU; the decoder reads host memory. Give the "
                              "pipeline as DeviceLoader(batch_transform=...) so it runs before the copy")
-        return [img.unsqueeze(0) for img in _decode(unpack_jpegs(data, sizes), self.device)]
+        return [img.unsqueeze(0) for img in decode_jpegs(unpack_jpegs(data, sizes), self.device)]
 
     def forward(self, batch: ReplayBatch | Sequence[Any]) -> tuple[torch.Tensor, Any]:
         if not (isinstance(batch, (tuple, list)) and len(batch) == 6):

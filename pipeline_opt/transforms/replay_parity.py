@@ -13,7 +13,7 @@ decode, the :mod:`~.random_gpu` modules) on the same files with the same seed, a
 
 Errors are absolute differences in pixel levels (1 = 1/255): 8-bit images as they are, float
 images times 255, normalised images times ``255 * std``. This is the "measured-error hook" of
-:func:`pipeline_opt.transforms.random_plan.plan_random_gpu_pipeline`: run it with
+:func:`pipeline_opt.loading.random_plan.plan_random_gpu_pipeline`: run it with
 ``device="cuda"`` to include nvJPEG's difference from libjpeg.
 """
 
@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.transforms.jpeg_batch import decode_jpegs
 
 __all__ = ["ReplayParity", "StepError", "main", "measure_replay_error", "standard_pipelines"]
 
@@ -115,7 +116,6 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     ``dataset`` is an ImageFolder-like dataset of JPEG files (``.samples``, ``.transform``, the
     default loader). The torch RNG state is saved and restored around the measurement.
     """
-    from pipeline_opt.loading.decode import _decode
     from pipeline_opt.transforms.random_gpu import RandomGpuPipeline, _Replay, replay_module
     from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
 
@@ -154,7 +154,7 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     isolated = [_Stats() for _ in steps]
     cumulative = [_Stats() for _ in steps]
     for (data, params, _), trail in zip(items, cpu_runs):
-        x = _decode([data], device)[0].unsqueeze(0).to(torch.float32)
+        x = decode_jpegs([data], device)[0].unsqueeze(0).to(torch.float32)
         decode.add(_diff(x, _as_tensor(trail[0]), torch.ones(())))
         row = params.row.unsqueeze(0)
         patch_iter = iter(params.patches)

@@ -38,10 +38,10 @@ from torch.utils.data import DataLoader
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
+from pipeline_opt.loading.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.report.progress import progress_bar
 from pipeline_opt.report.text import trial_spread
-from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.ab import MIN_GAIN
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget

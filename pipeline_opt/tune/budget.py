@@ -224,7 +224,7 @@ def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> Batc
     ``check(batch)`` then runs on that batch (the front door's step validation,
     :class:`pipeline_opt._step.CheckedStep`); its errors propagate, the loader's do not (the
     baseline measurement surfaces those with context)."""
-    from pipeline_opt.loader_clone import clone_loader
+    from pipeline_opt.loading.dataloader import clone_loader
 
     try:
         clone = clone_loader(loader, num_workers=0)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt.loader_clone import clone_loader
+from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.tune.candidates import LoaderConfig
 from pipeline_opt.tune.gpu_decode import NvjpegDecode
 from pipeline_opt.tune.offload import DraftDecode, GpuOffload, variant_dataset

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from pipeline_opt.loader_clone import loader_config
+from pipeline_opt.loading.dataloader import loader_config
 
 DECODES = ("pil", "draft", "nvjpeg")
 DATA_BOUND_RATIO = 1.25  # a step this much longer than its own seconds waits for data
@@ -73,7 +73,7 @@ class LoaderConfig:
         return replace(self, **changes)
 
     def loader_overrides(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`pipeline_opt.loader_clone.clone_loader`."""
+        """Keyword arguments for :func:`pipeline_opt.loading.dataloader.clone_loader`."""
         out: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             out["persistent_workers"] = self.persistent_workers

@@ -189,7 +189,7 @@ REPLAY_NAME = "JPEG decoding + random augmentation replayed on the GPU (nvJPEG)"
 
 def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange:
     """A random training pipeline replayed on the device (``plan``: a
-    :class:`~pipeline_opt.transforms.random_plan.RandomGpuPlan`) against the CPU pipeline on ``n`` of
+    :class:`~pipeline_opt.loading.random_plan.RandomGpuPlan`) against the CPU pipeline on ``n`` of
     the user's files with the same seed: the same draws are required, the pixels within the plan's
     tolerance and the decode bounds."""
     parity = plan.measure_error(device=device, n=n)

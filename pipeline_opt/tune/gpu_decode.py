@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from pipeline_opt.loader_clone import clone_loader
 from pipeline_opt.loading import DeviceLoader
+from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.loading.decode import EncodedJpegDataset, GpuJpegDecoder, packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem
 from pipeline_opt.transforms.registry import info_of, is_bilinear, pair, resize_size

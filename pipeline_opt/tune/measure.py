@@ -34,6 +34,13 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt.loading.dataloader import (
+    batches_per_epoch,
+    continuous,
+    num_workers_of,
+    persistent_of,
+    release_workers,
+)
 from pipeline_opt.tune import timing
 
 log = get_logger("tune.measure")
@@ -170,52 +177,8 @@ class BatchStream:
     def close(self) -> None:
         """Shut every worker of this stream down (persistent ones included)."""
         it, self._it = self._it, None
-        _shutdown(it)
-        for dl in _dataloaders_under(self.loader):
-            # a persistent DataLoader's _iterator; ultralytics' InfiniteDataLoader keeps its own in
-            # .iterator (None again = its reset(): a later close() or iteration still works)
-            for attr in ("_iterator", "iterator"):
-                persistent = getattr(dl, attr, None)
-                if persistent is not None and hasattr(persistent, "_shutdown_workers"):
-                    setattr(dl, attr, None)
-                    _shutdown(persistent)
+        release_workers(self.loader, it)
         del it
-
-
-def _dataloaders_under(loader: Any) -> list[Any]:
-    out, seen = [], 0
-    while loader is not None and seen < 4:
-        out.append(loader)
-        loader, seen = getattr(loader, "loader", None), seen + 1
-    return out
-
-
-def num_workers_of(loader: Any) -> int:
-    """``num_workers`` of the innermost DataLoader under ``loader`` (wrappers expose it as ``.loader``)."""
-    return int(getattr(_dataloaders_under(loader)[-1], "num_workers", 0) or 0)
-
-
-def batches_per_epoch(loader: Any) -> int | None:
-    """Batches one epoch of ``loader`` yields (``len``), None when it has no length."""
-    for dl in _dataloaders_under(loader):
-        try:
-            n = len(dl)
-        except TypeError:
-            continue
-        return int(n) if n > 0 else None
-    return None
-
-
-def persistent_of(loader: Any) -> bool:
-    """Whether the innermost DataLoader under ``loader`` keeps its workers between epochs."""
-    return bool(getattr(_dataloaders_under(loader)[-1], "persistent_workers", False))
-
-
-def continuous(loader: Any) -> bool:
-    """Whether ``loader``'s epochs run on without a restart: ultralytics' InfiniteDataLoader keeps one
-    iterator over a repeating sampler (``.iterator``, ``.reset()``), so its workers never refill."""
-    inner = _dataloaders_under(loader)[-1]
-    return hasattr(inner, "iterator") and callable(getattr(inner, "reset", None))
 
 
 @dataclass(frozen=True)
@@ -243,24 +206,6 @@ def epoch_charged(windows: list[WindowTiming], batches_per_epoch: int | None,
             seconds = seconds - sum(w.restart_extra_s) + w.steps * restart_s / batches_per_epoch
         out.append(w.samples / max(seconds, 1e-9))
     return tuple(out)
-
-
-def _shutdown(it: Any) -> None:
-    if it is None:
-        return
-    close = getattr(it, "close", None)  # a generator (e.g. a device loader's __iter__)
-    if callable(close):
-        close()
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if callable(shutdown):
-        try:
-            shutdown()
-        except RuntimeError as exc:
-            # torch's SIGCHLD handler raises this while the join waits, for a worker that had died
-            # (the trial already failed on it); the caller reaps whatever is left
-            if "DataLoader worker" not in str(exc):
-                raise
-            log.debug("shutting the workers down: %s", exc)
 
 
 def live_children() -> set[int]:

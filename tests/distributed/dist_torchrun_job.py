@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     import pipeline_opt as po
     from pipeline_opt.distributed import dist_info
     from pipeline_opt.distributed_api import autotune_distributed, profile_distributed
-    from pipeline_opt.loader_clone import loader_config
+    from pipeline_opt.loading.dataloader import loader_config
 
     out = Path(argv[0])
     torch.set_num_threads(1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_opt.integrations.ultralytics._collate import collate_around, find_collate, stackable_images
+from pipeline_opt.integrations.ultralytics._collate import collate_around, stackable_images
 from pipeline_opt.integrations.ultralytics._internals import is_ultralytics_collate_fn
+from pipeline_opt.loading.batch_formats import find_collate
 
 ultralytics_dataset = pytest.importorskip("ultralytics.data.dataset")
 COLLATE = ultralytics_dataset.YOLODataset.collate_fn

@@ -106,7 +106,7 @@ def test_gpu_augment_within_the_threshold_is_not_applied(pipe, gpu, wobble, why)
 def test_windows_hold_whole_rounds_of_the_workers(pipe, workers, steps, expected):
     """10-step windows over 8 workers hold one burst of batches or two: the decision rounds them up."""
     from pipeline_opt.integrations.ultralytics._decide import decide_gpu_augment
-    from pipeline_opt.loader_clone import clone_loader
+    from pipeline_opt.loading.dataloader import clone_loader
 
     loader = clone_loader(pipe.loader, num_workers=workers)  # never iterated: the measurement is injected
     asked: list[int] = []

@@ -26,7 +26,7 @@ from pipeline_opt.integrations.ultralytics._tune import (
     plain_loader_of,
     rebuild_loader,
 )
-from pipeline_opt.loader_clone import loader_config
+from pipeline_opt.loading.dataloader import loader_config
 
 
 def test_prepare_offline_env_sets_variables_and_fonts(tmp_path, monkeypatch):

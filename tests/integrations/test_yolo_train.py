@@ -14,7 +14,7 @@ from pipeline_opt.integrations.ultralytics._augment import (
     active_cpu_stages,
     iter_transforms,
 )
-from pipeline_opt.loader_clone import loader_config
+from pipeline_opt.loading.dataloader import loader_config
 from pipeline_opt.tune.measure import Measurement
 
 CPU_STAGES = ["RandomHSV", "RandomFlip(horizontal)"]

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     from pipeline_opt.integrations.ultralytics import AttachOptions, YoloIntegration
-    from pipeline_opt.loader_clone import loader_config
+    from pipeline_opt.loading.dataloader import loader_config
 
     trainer = RankTrainer(data_yaml, out / "run", rank, world)
     options = AttachOptions(profile=True, tune=True, gpu_augment=True, tune_budget_s=10.0, steps=3, warmup=1,

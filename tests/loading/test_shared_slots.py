@@ -416,7 +416,7 @@ def test_a_slot_loader_under_a_collate_wrapper_is_not_slotted_twice():
             return self.collate_fn(samples)
 
     s = slot_loader(_loader())
-    from pipeline_opt.loader_clone import clone_loader
+    from pipeline_opt.loading.dataloader import clone_loader
 
     wrapped = clone_loader(s, collate_fn=Wrapped(s.collate_fn))
     assert slot_pool_of(wrapped) is slot_pool_of(s)

@@ -12,7 +12,7 @@ from rel_fixtures import BATCH, Indexed, epoch_digest, tiny_model
 from torch.utils.data import DataLoader
 
 import pipeline_opt as po
-from pipeline_opt.loader_clone import clone_loader, loader_config
+from pipeline_opt.loading.dataloader import clone_loader, loader_config
 
 
 def _prepared_model():

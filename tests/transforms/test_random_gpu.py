@@ -211,7 +211,7 @@ def test_mismatched_sampler_and_pipeline_are_refused(folder):
 @pytest.mark.parametrize("name", ["v1-imagenet", "v2-uint8"])
 def test_nvjpeg_replay_within_tolerance(folder, name):
     """On the GPU: nvJPEG decode + the replay, against Pillow + the CPU pipeline."""
-    from pipeline_opt.transforms.random_plan import plan_random_gpu_pipeline
+    from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
 
     ds = ImageFolder(str(folder), transform=PIPELINES[name]())
     plan, why = plan_random_gpu_pipeline(ds)
@@ -224,7 +224,7 @@ def test_nvjpeg_replay_within_tolerance(folder, name):
 
 @pytest.mark.cuda
 def test_device_loader_on_cuda(folder):
-    from pipeline_opt.transforms.random_plan import plan_random_gpu_pipeline
+    from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
 
     loader = DataLoader(ImageFolder(str(folder), transform=PIPELINES["v1-imagenet"]()), batch_size=4, num_workers=2)
     plan, why = plan_random_gpu_pipeline(loader)

@@ -185,7 +185,7 @@ def test_a_random_training_pipeline_replayed_is_measured_as_a_decode_change(tiny
     pytest.importorskip("kornia")
     import torchvision.transforms as T
 
-    from pipeline_opt.transforms.random_plan import plan_random_gpu_pipeline
+    from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
     from pipeline_opt.tune.exactness import REPLAY_NAME, measure_random_replay
 
     train = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2),

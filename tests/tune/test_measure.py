@@ -171,20 +171,20 @@ def test_epoch_charged_moves_each_windows_restarts_into_proportion():
     assert epoch_charged(windows, None, 0.3) == pytest.approx((40.0, 16.0, 40.0))  # no length: as measured
 
 
+class _Infinite(DataLoader):  # a framework's loader: one iterator kept over a repeating sampler
+    iterator = None
+
+
 def test_an_infinite_loader_runs_on_without_restarts():
-    from pipeline_opt.tune.measure import continuous
+    from pipeline_opt.loading.dataloader import LoaderKind, continuous, register_loader_kind
 
-    class Infinite(DataLoader):  # ultralytics' InfiniteDataLoader: one iterator over a repeating sampler
-        iterator = None
-
-        def reset(self):
-            self.iterator = None
-
-    assert continuous(Infinite(Fast(), batch_size=4)) and not continuous(DataLoader(Fast(), batch_size=4))
+    register_loader_kind(LoaderKind("test-infinite", lambda dl: type(dl) is _Infinite,
+                                    lambda dl: dl.batch_sampler, "iterator"))
+    assert continuous(_Infinite(Fast(), batch_size=4)) and not continuous(DataLoader(Fast(), batch_size=4))
 
 
 def test_a_worker_death_reported_while_the_workers_shut_down_does_not_escape():
-    from pipeline_opt.tune.measure import _shutdown
+    from pipeline_opt.loading.dataloader import shutdown_iterator as _shutdown
 
     class Iterator:  # torch's SIGCHLD handler fires inside _shutdown_workers' join
         def __init__(self, message):

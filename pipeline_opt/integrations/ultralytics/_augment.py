@@ -26,8 +26,8 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
+from pipeline_opt.integrations.ultralytics._protocol import RANDOM_HSV, RANDOM_PERSPECTIVE
 from pipeline_opt.integrations.ultralytics._step import images_to_device
-from pipeline_opt.integrations.ultralytics._transforms import RANDOM_HSV, RANDOM_PERSPECTIVE
 from pipeline_opt.integrations.ultralytics._walk import iter_transforms
 
 log = get_logger("integrations.ultralytics")

@@ -64,13 +64,12 @@ from pipeline_opt.integrations.ultralytics._tune import (
     rebuild_loader,
     tune_loader,
 )
-from pipeline_opt.loader_clone import loader_config
+from pipeline_opt.loading.dataloader import loader_config, release_workers
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
 from pipeline_opt.profile.install import (
     describe_loader,
     install_worker_profiling,
-    shutdown_iteration,
     skip_steps,
 )
 from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler
@@ -384,7 +383,7 @@ class YoloIntegration:
             if callable(close):  # InfiniteDataLoader, DeviceLoader
                 close()
             else:  # a plain DataLoader (a trainer may use one): stop its workers now
-                shutdown_iteration(None, run.profiled_loader)
+                release_workers(run.profiled_loader)
             run.profiled_loader = None
         if run.collector is not None:
             run.collector.close()

@@ -13,18 +13,6 @@ from typing import Any
 
 import torch
 
-_MAX_DEPTH = 8
-
-
-def find_collate(collate_fn: Any, cls: type) -> Any:
-    """The ``cls`` instance in the chain ``collate_fn``, ``collate_fn.collate_fn``, ... (collate
-    wrappers keep the function they wrap there: the profiler's, shared slots'), else None."""
-    for _ in range(_MAX_DEPTH):
-        if collate_fn is None or isinstance(collate_fn, cls):
-            return collate_fn
-        collate_fn = getattr(collate_fn, "collate_fn", None)
-    return None
-
 
 def stackable_images(samples: list) -> list[torch.Tensor] | None:
     """The samples' ``img`` tensors when every sample is a mapping with a CPU tensor ``img`` of one

@@ -34,8 +34,8 @@ from pipeline_opt.integrations.ultralytics._augment import (
     disable_cpu_augment,
     restore_cpu_augment,
 )
-from pipeline_opt.integrations.ultralytics._transforms import RANDOM_PERSPECTIVE
-from pipeline_opt.loader_clone import clone_loader
+from pipeline_opt.integrations.ultralytics._protocol import RANDOM_PERSPECTIVE
+from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.tune import measure as _measure
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.ab import MIN_GAIN, interleave, judge, repeat_noise

@@ -95,6 +95,14 @@ def unpatch(obj: Any, name: str) -> None:
     vars(obj).pop(name, None)
 
 
+def is_infinite_loader(loader: Any) -> bool:
+    """Whether ``loader`` is ultralytics' ``InfiniteDataLoader`` over its ``_RepeatSampler`` (by names:
+    ultralytics is not imported for it)."""
+    cls, sampler = type(loader), getattr(loader, "batch_sampler", None)
+    return cls.__name__ == "InfiniteDataLoader" and str(cls.__module__).startswith("ultralytics.") \
+        and type(sampler).__name__ == "_RepeatSampler" and hasattr(sampler, "sampler")
+
+
 def is_ultralytics_collate_fn(fn: Any) -> bool:
     """Whether ``fn`` itself is ultralytics' ``YOLODataset.collate_fn`` (recognised by its name)."""
     return getattr(fn, "__qualname__", "").endswith("Dataset.collate_fn") \

@@ -20,7 +20,7 @@ import torch
 
 from pipeline_opt._logging import get_logger
 from pipeline_opt._step import ModelStateGuard
-from pipeline_opt.loader_clone import clone_loader, loader_config
+from pipeline_opt.loading.dataloader import clone_loader, loader_config
 
 log = get_logger("integrations.ultralytics")
 

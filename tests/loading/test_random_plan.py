@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from pipeline_opt.datasets import make_image_folder
-from pipeline_opt.transforms.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
+from pipeline_opt.loading.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
 from pipeline_opt.transforms.replay import ReplayBatch, ReplayDataset
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

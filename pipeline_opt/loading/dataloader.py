@@ -1,20 +1,81 @@
-"""Rebuild a DataLoader with changed settings, keeping everything that decides *what* it yields.
+"""The one adapter to torch's DataLoader: clone it with new settings, walk wrappers, stop its workers.
 
-:func:`clone_loader` is how the profiler installs its proxies and how the tuner tries candidates:
-the clone has the same dataset, sampler / batch_sampler, collate_fn, drop_last, generator (state
-copied, so iterating the clone never advances the user's generator), timeout,
-multiprocessing_context, worker_init_fn, pin_memory_device and in_order, and the same class
-(ultralytics' ``InfiniteDataLoader`` is rebuilt as itself). Only the overrides change.
+* :func:`clone_loader` is how the profiler installs its proxies and how the tuner tries candidates:
+  the clone has the same dataset, sampler / batch_sampler, collate_fn, drop_last, generator (state
+  copied, so iterating the clone never advances the user's generator), timeout,
+  multiprocessing_context, worker_init_fn, pin_memory_device and in_order, and the same class (a
+  framework's DataLoader subclass is rebuilt as itself). Only the overrides change.
+* :func:`loaders_under` walks wrappers that keep their loader in ``.loader`` (a ``DeviceLoader``);
+  :func:`num_workers_of`, :func:`persistent_of`, :func:`batches_per_epoch`, :func:`continuous` read
+  the innermost loader.
+* :func:`shutdown_iterator` / :func:`release_workers` stop worker processes now instead of at garbage
+  collection, persistent ones included.
+
+Every touch of torch's private DataLoader attributes is in this module: a persistent loader keeps its
+iterator in :data:`PERSISTENT_ITERATOR`, an iterator stops its workers with :data:`SHUTDOWN` (both
+private in torch; a test checks them against the installed version). A framework whose DataLoader
+subclass works otherwise (one iterator kept over a repeating batch sampler) describes it once as a
+:class:`LoaderKind` (:func:`register_loader_kind`), so that nothing else here or elsewhere names it.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+from pipeline_opt._logging import get_logger
+
+__all__ = ["PERSISTENT_ITERATOR", "SHUTDOWN", "TUNABLE", "LoaderKind", "batches_per_epoch", "clone_loader",
+           "continuous", "innermost", "kind_of", "loader_config", "loaders_under", "num_workers_of",
+           "persistent_of", "register_loader_kind", "release_workers", "shutdown_iterator"]
+
+PERSISTENT_ITERATOR = "_iterator"  # torch: where a persistent_workers loader keeps its iterator
+SHUTDOWN = "_shutdown_workers"  # torch: a multi-process iterator's method that joins its workers
+_MAX_WRAPPERS = 4  # wrappers (.loader) followed down to the DataLoader
+
+log = get_logger("loading.dataloader")
+
+
+@dataclass(frozen=True)
+class LoaderKind:
+    """A framework's DataLoader subclass that keeps one iterator over a repeating batch sampler.
+
+    ``matches(loader)`` recognises it; ``user_batch_sampler(loader)`` is the batch sampler the user
+    gave under the repeating one (what a clone is built from); ``iterator_attr`` is where it keeps
+    its iterator (shut down and set to None to release its workers: the next iteration starts new
+    ones). Its epochs run on without a restart (:func:`continuous`), so its workers never refill.
+    """
+
+    name: str
+    matches: Callable[[DataLoader], bool]
+    user_batch_sampler: Callable[[DataLoader], Any]
+    iterator_attr: str
+
+
+_KINDS: list[LoaderKind] = []
+
+
+def register_loader_kind(kind: LoaderKind) -> LoaderKind:
+    """Add ``kind`` (once: a second kind of the same name is refused)."""
+    if any(k.name == kind.name for k in _KINDS):
+        if kind in _KINDS:
+            return kind
+        raise ValueError(f"a loader kind named {kind.name!r} is registered already")
+    _KINDS.append(kind)
+    return kind
+
+
+def kind_of(loader: Any) -> LoaderKind | None:
+    """The registered :class:`LoaderKind` of ``loader``, or None for a plain DataLoader."""
+    if not isinstance(loader, DataLoader):
+        return None
+    return next((k for k in _KINDS if k.matches(loader)), None)
 
 TUNABLE = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 _OVERRIDABLE = set(TUNABLE) | {"dataset", "collate_fn", "worker_init_fn", "multiprocessing_context", "timeout"}
@@ -84,14 +145,9 @@ class _PersistentEpochSampler(Sampler):
         yield from self.sampler
 
 
-def _is_infinite(loader: DataLoader) -> bool:
-    return type(loader).__name__ == "InfiniteDataLoader" and hasattr(loader.batch_sampler, "sampler") \
-        and type(loader.batch_sampler).__name__ == "_RepeatSampler"
-
-
 def _user_batch_sampler(loader: DataLoader) -> Any:
-    bs = loader.batch_sampler
-    return bs.sampler if _is_infinite(loader) else bs
+    kind = kind_of(loader)
+    return loader.batch_sampler if kind is None else kind.user_batch_sampler(loader)
 
 
 def loader_config(loader: DataLoader) -> dict[str, Any]:
@@ -144,7 +200,7 @@ def clone_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         "multiprocessing_context": overrides.get("multiprocessing_context", loader.multiprocessing_context),
         "generator": _mapped(loader.generator, generator_map),
     }
-    if loader._dataset_kind == 1:  # IterableDataset: batching is done by the loader, no sampler
+    if isinstance(loader.dataset, IterableDataset):  # batching is done by the loader, no sampler
         kwargs["batch_size"] = loader.batch_size
         kwargs["drop_last"] = loader.drop_last
     elif loader.batch_size is not None and isinstance(_user_batch_sampler(loader), BatchSampler) \
@@ -161,7 +217,7 @@ def clone_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if nw > 0:
         kwargs["persistent_workers"] = overrides.get("persistent_workers", loader.persistent_workers)
         originally_persistent = loader.persistent_workers and loader.num_workers > 0
-        if kwargs["persistent_workers"] and not originally_persistent and not _is_infinite(loader):
+        if kwargs["persistent_workers"] and not originally_persistent and kind_of(loader) is None:
             for key in ("sampler", "batch_sampler"):
                 if key in kwargs:
                     kwargs[key] = _PersistentEpochSampler(kwargs[key], kwargs["generator"])
@@ -177,3 +233,91 @@ def clone_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if "in_order" in params and hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
     return type(loader)(**kwargs)
+
+
+# ------------------------------------------------------------------------------ wrappers and workers
+
+def loaders_under(loader: Any) -> list[Any]:
+    """``[loader, loader.loader, ...]``: a wrapper (``DeviceLoader``) keeps what it wraps in ``.loader``."""
+    out = []
+    while loader is not None and len(out) < _MAX_WRAPPERS:
+        out.append(loader)
+        loader = getattr(loader, "loader", None)
+    return out
+
+
+def innermost(loader: Any) -> Any:
+    """The loader at the bottom of :func:`loaders_under` (the DataLoader under a wrapper)."""
+    return loaders_under(loader)[-1]
+
+
+def num_workers_of(loader: Any) -> int:
+    """``num_workers`` of the innermost DataLoader under ``loader``."""
+    return int(getattr(innermost(loader), "num_workers", 0) or 0)
+
+
+def persistent_of(loader: Any) -> bool:
+    """Whether the innermost DataLoader under ``loader`` keeps its workers between epochs."""
+    return bool(getattr(innermost(loader), "persistent_workers", False))
+
+
+def batches_per_epoch(loader: Any) -> int | None:
+    """Batches one epoch of ``loader`` yields (``len``), None when it has no length."""
+    for dl in loaders_under(loader):
+        try:
+            n = len(dl)
+        except TypeError:
+            continue
+        return int(n) if n > 0 else None
+    return None
+
+
+def continuous(loader: Any) -> bool:
+    """Whether ``loader``'s epochs run on without a restart (a registered :class:`LoaderKind`: one
+    iterator over a repeating sampler), so its workers never refill their queues between epochs."""
+    return kind_of(innermost(loader)) is not None
+
+
+def shutdown_iterator(iterator: Any) -> None:
+    """Stop the workers behind ``iterator`` (a DataLoader iterator; a generator or other iterator with a
+    ``close()`` over one, e.g. a device loader's, is closed first)."""
+    if iterator is None:
+        return
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        close()
+    shutdown = getattr(iterator, SHUTDOWN, None)
+    if callable(shutdown):
+        try:
+            shutdown()
+        except RuntimeError as exc:
+            # torch's SIGCHLD handler raises this while the join waits, for a worker that had died
+            # (the caller already failed on it); the workers left are reaped with the iterator
+            if "DataLoader worker" not in str(exc):
+                raise
+            log.debug("shutting the workers down: %s", exc)
+
+
+def _held_iterators(loader: Any) -> Iterator[tuple[Any, str]]:
+    """``(holder, attribute)`` of every iterator kept on a loader of the chain (persistent workers)."""
+    for dl in loaders_under(loader):
+        kind = kind_of(dl)
+        for attr in (PERSISTENT_ITERATOR,) + ((kind.iterator_attr,) if kind is not None else ()):
+            if getattr(dl, attr, None) is not None:
+                yield dl, attr
+
+
+def release_workers(loader: Any, iterator: Iterator | None = None) -> None:
+    """Stop every worker process behind ``iterator`` and ``loader`` now: the iterator's, and those of
+    the iterators the loaders under ``loader`` keep (persistent workers; a :class:`LoaderKind`'s own),
+    which are set to None so that a later iteration starts new workers instead of reusing stopped ones."""
+    stopped: set[int] = set()
+    if iterator is not None:
+        shutdown_iterator(iterator)
+        stopped.add(id(iterator))
+    for holder, attr in list(_held_iterators(loader)):
+        held = getattr(holder, attr)
+        setattr(holder, attr, None)
+        if id(held) not in stopped:
+            shutdown_iterator(held)
+            stopped.add(id(held))

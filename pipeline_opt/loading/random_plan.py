@@ -5,9 +5,9 @@ returns ``(RandomGpuPlan, "")`` when its training pipeline can run as "parameter
 pixels on the GPU" — or ``(None, reason)`` naming what prevents it. The plan carries everything a
 candidate loader needs:
 
-* ``plan.dataset()`` — the workers' dataset (:class:`~.replay.ReplayDataset`: read the file,
-  its header, draw the parameters; no decoding), ``plan.collate_fn`` (:func:`~.replay.replay_collate`);
-* ``plan.gpu_stage(device)`` — the :class:`~.random_gpu.RandomGpuPipeline` to give
+* ``plan.dataset()`` — the workers' dataset (:class:`~pipeline_opt.transforms.replay.ReplayDataset`: read the file,
+  its header, draw the parameters; no decoding), ``plan.collate_fn`` (:func:`~pipeline_opt.transforms.replay.replay_collate`);
+* ``plan.gpu_stage(device)`` — the :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline` to give
   ``DeviceLoader(..., batch_transform=...)``; ``plan.build(loader, device, overrides)`` does all
   three around a clone of the user's loader (same sampler, order, generator);
 * ``plan.exactness`` — ``"decode"``: the same draws, and pixels that differ only by the decoder
@@ -15,7 +15,7 @@ candidate loader needs:
   8-bit two-pass one); ``"distribution"`` in same-distribution mode (random policies drawn on the
   device: same distribution, not same draws);
 * ``plan.measure_error(device)`` — the measured-error hook
-  (:func:`~.replay_parity.measure_replay_error`) and ``plan.within_tolerance(parity)`` to accept or
+  (:func:`~pipeline_opt.transforms.replay_parity.measure_replay_error`) and ``plan.within_tolerance(parity)`` to accept or
   reject the candidate on it.
 
 Nothing here imports Kornia until a stage is built; without Kornia the plan is ``(None, reason)``.
@@ -29,8 +29,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, default_collate
 
 from pipeline_opt._logging import get_logger
+from pipeline_opt.loading.dataloader import clone_loader
+from pipeline_opt.loading.device_loader import DeviceLoader
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem, read_jpeg_header
 from pipeline_opt.transforms.replay import (
     ReplayDataset,
@@ -39,10 +42,11 @@ from pipeline_opt.transforms.replay import (
     recognise,
     replay_collate,
 )
+from pipeline_opt.transforms.replay_parity import measure_replay_error
 
 __all__ = ["HEADERS_CHECKED", "RandomGpuPlan", "Tolerance", "plan_random_gpu_pipeline"]
 
-log = get_logger("transforms.random_plan")
+log = get_logger("loading.random_plan")
 
 HEADERS_CHECKED = 16  # JPEG headers read at planning time (colour components, readable frame header)
 _RANDOM_KINDS = frozenset({"resized_crop", "crop", "hflip", "vflip", "color_jitter", "random_grayscale", "erase",
@@ -84,8 +88,8 @@ class RandomGpuPlan:
         return ReplayDataset(self.samples, self.sampler(), self.target_transform)
 
     def gpu_stage(self, device: torch.device | str | None = None, then: Any = None) -> Any:
-        """The :class:`~.random_gpu.RandomGpuPipeline` for ``DeviceLoader(batch_transform=...)``."""
-        from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
+        """The :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline` for ``DeviceLoader(batch_transform=...)``."""
+        from pipeline_opt.transforms.random_gpu import RandomGpuPipeline  # needs Kornia (the gpu extra)
 
         return RandomGpuPipeline(self.sampler(), device=device, then=then)
 
@@ -95,24 +99,19 @@ class RandomGpuPlan:
         (num_workers, pin_memory, persistent_workers, prefetch_factor...); ``prepare_in_thread`` (the
         default) decodes and replays in a background thread while the step runs
         (``DeviceLoader(prepare_in_thread=True)``); ``False`` does it in the training loop."""
-        from pipeline_opt.loader_clone import clone_loader
-        from pipeline_opt.loading.device_loader import DeviceLoader
-
         stage = self.gpu_stage(device)
         clone = clone_loader(loader, dataset=self.dataset(), collate_fn=replay_collate, **(overrides or {}))
         return DeviceLoader(clone, device=stage.device, batch_transform=stage, prepare_in_thread=prepare_in_thread)
 
     def measure_error(self, device: torch.device | str = "cpu", n: int = 16, seed: int = 0) -> Any:
-        """The measured-error hook: :func:`~.replay_parity.measure_replay_error` on ``n`` of the
+        """The measured-error hook: :func:`~pipeline_opt.transforms.replay_parity.measure_replay_error` on ``n`` of the
         plan's files (``device="cuda"`` includes nvJPEG). Not available in same-distribution mode."""
-        from pipeline_opt.transforms.replay_parity import measure_replay_error
-
         owner = SimpleNamespace(samples=list(self.samples), transform=self.transform,
                                 target_transform=self.target_transform)
         return measure_replay_error(owner, n=n, seed=seed, device=device)
 
     def within_tolerance(self, parity: Any) -> tuple[bool, str]:
-        """Whether a measured :class:`~.replay_parity.ReplayParity` is acceptable, and why not."""
+        """Whether a measured :class:`~pipeline_opt.transforms.replay_parity.ReplayParity` is acceptable, and why not."""
         if not parity.same_draws:
             return False, "the replay did not reproduce the CPU pipeline's draws (torch RNG ended elsewhere)"
         nvjpeg = parity.decoder.startswith("nvJPEG")
@@ -130,8 +129,6 @@ class RandomGpuPlan:
 
 def _dataset_of(obj: Any) -> tuple[Any, Any]:
     """``(dataset, loader or None)``."""
-    from torch.utils.data import DataLoader
-
     if isinstance(obj, DataLoader):
         return obj.dataset, obj
     return obj, None
@@ -142,13 +139,11 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
     """A plan for replaying ``loader_or_dataset``'s random augmentations on the GPU, or ``(None, why)``.
 
     Applies to an ImageFolder-like dataset (``.samples`` of JPEG files, the default image loader)
-    whose ``transform`` is a torchvision Compose :func:`~.replay.recognise` replays and that has at
+    whose ``transform`` is a torchvision Compose :func:`~pipeline_opt.transforms.replay.recognise` replays and that has at
     least one random transform (deterministic pipelines are the nvJPEG decode plan's). Given a
     DataLoader, it must batch with the default collate. ``same_distribution=True`` admits random
     policies (AutoAugment, RandAugment, TrivialAugmentWide), drawn on the device.
     """
-    from torch.utils.data import default_collate
-
     if importlib.util.find_spec("kornia") is None:
         return None, "Kornia is not installed (the GPU stage is built on it): pip install 'pipeline-opt[gpu]'"
     dataset, loader = _dataset_of(loader_or_dataset)

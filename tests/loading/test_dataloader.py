@@ -1,10 +1,22 @@
-"""clone_loader keeps what a loader yields and changes only the tuned settings."""
+"""The DataLoader adapter: clone_loader keeps what a loader yields and changes only the tuned settings;
+workers are released now, persistent ones and a framework's loader kind included."""
 
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
 
-from pipeline_opt.loader_clone import clone_loader, loader_config
+from pipeline_opt.loading.dataloader import (
+    PERSISTENT_ITERATOR,
+    SHUTDOWN,
+    clone_loader,
+    continuous,
+    kind_of,
+    loader_config,
+    loaders_under,
+    release_workers,
+)
+from pipeline_opt.loading.device_loader import DeviceLoader
+from pipeline_opt.tune.measure import live_children
 
 
 def _dataset(n=64):
@@ -68,8 +80,48 @@ def test_infinite_dataloader_is_rebuilt_as_itself():
     assert type(clone) is build.InfiniteDataLoader
     assert loader_config(clone)["prefetch_factor"] == 4
     assert [b[0].tolist() for b in clone] == [b[0].tolist() for b in user]
-    clone.close()
+    assert kind_of(clone) is not None and continuous(clone) and not continuous(DataLoader(_dataset()))
+    assert clone.iterator is not None
+    release_workers(clone)
+    assert clone.iterator is None and _wait_no_children()
+    assert [b[0].tolist() for b in clone] == [b[0].tolist() for b in user]  # new workers start
+    release_workers(clone)
     user.close()
+
+
+def _wait_no_children(timeout_s: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while live_children():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_torchs_private_names_the_adapter_uses_exist_in_this_torch():
+    loader = DataLoader(_dataset(16), batch_size=4, num_workers=1, persistent_workers=True)
+    assert hasattr(loader, PERSISTENT_ITERATOR) and getattr(loader, PERSISTENT_ITERATOR) is None
+    first = _indices(loader)
+    held = getattr(loader, PERSISTENT_ITERATOR)
+    assert held is not None and callable(getattr(held, SHUTDOWN))
+    release_workers(loader)
+    assert getattr(loader, PERSISTENT_ITERATOR) is None and _wait_no_children()
+    assert _indices(loader) == first  # iterating again starts new workers
+    release_workers(loader)
+    assert _wait_no_children()
+
+
+def test_release_walks_wrappers_and_stops_a_running_iterator():
+    inner = DataLoader(_dataset(64), batch_size=4, num_workers=2)
+    wrapped = DeviceLoader(inner, device="cpu")
+    assert loaders_under(wrapped) == [wrapped, inner]
+    it = iter(inner)
+    next(it)
+    assert live_children()
+    release_workers(wrapped, it)
+    assert _wait_no_children()
 
 
 def test_bad_overrides_name_the_value():
