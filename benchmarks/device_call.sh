@@ -5,7 +5,8 @@
 #   benchmarks/device_call.sh worker-stages yolo_trainer      (yolo_worker_stages, then a benchmark)
 #   benchmarks/device_call.sh cuda-tests replay-parity classification   (PO_BENCH_ARGS_classification="--pipeline train")
 # carry [".whl"] (kornia, ultralytics wheels) and, for the Pillow-SIMD rows, ".whl_simd".
-# Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back.
+# Results go to $OUT/bench.tgz (the benchmark folder) and $OUT/*.log, so few files come back; the last
+# line names the folder to unpack bench.tgz into: benchmarks/results/<date>-<commit>-<bench>-<gpu>.
 set -u
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -22,6 +23,7 @@ export PIPELINE_OPT_CACHE="${PIPELINE_OPT_CACHE:-/tmp/pipeline_opt_cache}"  # ru
 BENCH_DIR=/tmp/po_bench
 mkdir -p "$BENCH_DIR"
 benches=()
+named=()  # what the results folder holds: the benchmarks, and worker-stages' JSON
 for step in "$@"; do
   case "$step" in
     cuda-tests) timeout -k 10 "${PO_TEST_LIMIT_S:-150}" python3 -m pytest tests -m cuda -q -rs -p no:cacheprovider \
@@ -33,8 +35,9 @@ for step in "$@"; do
     worker-stages) # shellcheck disable=SC2086
                   timeout -k 10 "${PO_STAGES_LIMIT_S:-300}" python3 -m benchmarks.yolo_worker_stages \
                     --out "$BENCH_DIR/worker_stages" ${PO_STAGES_ARGS:---loader-batches 30 --workers 8} \
-                    > "$OUT/worker_stages.log" 2>&1; echo "worker stages rc=$?"; tail -n 20 "$OUT/worker_stages.log" ;;
-    *) benches+=("$step") ;;
+                    > "$OUT/worker_stages.log" 2>&1; echo "worker stages rc=$?"; tail -n 20 "$OUT/worker_stages.log"
+                  named+=(yolo_worker_stages) ;;
+    *) benches+=("$step"); named+=("$step") ;;
   esac
 done
 if [ "${#benches[@]}" -gt 0 ]; then
@@ -42,3 +45,8 @@ if [ "${#benches[@]}" -gt 0 ]; then
 fi
 tar czf "$OUT/bench.tgz" -C "$BENCH_DIR" . 2>/dev/null
 cat "$BENCH_DIR/results.md" 2>/dev/null | head -60
+if [ "${#named[@]}" -gt 0 ]; then
+  name=$(python3 -m benchmarks.harness --folder-name "${named[@]}") \
+    && echo "[device_call] results folder: benchmarks/results/$name" \
+    || echo "[device_call] no results folder name (benchmarks.harness --folder-name failed)"
+fi

@@ -17,6 +17,13 @@ Reporting
     benchmark with the hardware, library versions, git commit and date (:func:`environment`).
     :func:`format_table` prints rows as a small text table.
 
+Run folders
+    Every run's results go to one folder ``benchmarks/results/<YYYYMMDD>-<commit7>-<bench>-<gpu>[-suffix]``
+    (:func:`run_folder_name`): the UTC date, the commit's first 7 hex digits, which benchmark(s) it
+    holds (:func:`bench_tag`, with ``-<n>cores`` when the process may use fewer cores than the machine
+    has) and the GPU (:func:`gpu_tag`: ``h100``, ``h200``, ... or ``cpu``). A suffix (``-a``, ``-run2``)
+    only tells apart two runs that would otherwise share a name.
+
 Helpers
     dataset generation with timing (:func:`image_folder`, :func:`yolo_dataset`), device timing of a
     callable (:func:`time_callable`), a :class:`Deadline`, the
@@ -38,6 +45,7 @@ import logging
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -185,7 +193,7 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test), seconds not minutes")
     p.add_argument("--out", type=Path, default=None,
-                   help="directory for the JSON results (default: benchmarks/results/<date>-<commit>)")
+                   help="directory for the JSON results (default: benchmarks/results/<date>-<commit>-<bench>-<gpu>)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison")
     p.add_argument("--budget-s", type=float, default=None, help="wall-time guard for the whole benchmark")
@@ -229,9 +237,64 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("pipeline_opt").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def default_out_dir() -> Path:
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
-    return REPO_ROOT / "benchmarks" / "results" / f"{date}-{git_commit()[:8]}"
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+# run_gpu.sh's default set of benchmarks: a folder of all four is a "gpu-suite"
+SUITE = ("classification", "yolo", "transforms", "overhead")
+# the order a folder of several benchmarks names them in (summarize.py's section order)
+BENCH_ORDER = ("classification", "classification_train", "yolo_trainer", "yolo", "yolo_gap", "yolo_decide",
+               "transforms", "overhead", "batch_size", "yolo_worker_stages")
+_BENCH_TAGS = {"yolo_worker_stages": "worker-stages"}  # device_call.sh's step name
+_GPU_VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "geforce", "tesla", "quadro", "radeon", "instinct"})
+
+
+def short_commit(commit: str) -> str:
+    """The first 7 hex digits of ``commit`` (``ac2f6e9+threads`` -> ``ac2f6e9``); ``unknown`` without any."""
+    match = re.match(r"[0-9a-f]+", str(commit).strip().lower())
+    return match.group(0)[:7] if match else "unknown"
+
+
+def gpu_tag(env: dict[str, Any]) -> str:
+    """The GPU of :func:`environment`'s ``env`` as a folder-name word: ``NVIDIA H100 80GB HBM3`` -> ``h100``,
+    ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``; ``cpu`` when no GPU was available."""
+    name = ((env.get("hardware") or {}).get("gpu") or {}).get("name")
+    if not name:
+        return "cpu"
+    words = [w for w in re.split(r"[\s_-]+", str(name).lower()) if w and w not in _GPU_VENDOR_WORDS]
+    kept: list[str] = []
+    for word in words:  # up to the first word with a digit (the model number)
+        kept.append(word)
+        if any(c.isdigit() for c in word):
+            break
+    return re.sub(r"[^a-z0-9]", "", "".join(kept))[:16] or "gpu"
+
+
+def bench_tag(benchmarks: Iterable[str]) -> str:
+    """The benchmark part of a run folder's name: ``bench_yolo_trainer`` -> ``yolo-trainer``; several
+    joined with ``+`` in :data:`BENCH_ORDER`; run_gpu.sh's four (:data:`SUITE`) together ``gpu-suite``."""
+    names = list(dict.fromkeys(b.removeprefix("bench_") for b in benchmarks))
+    if not names:
+        raise ValueError("a run folder needs at least one benchmark name")
+    if sorted(names) == sorted(SUITE):
+        return "gpu-suite"
+    names.sort(key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else len(BENCH_ORDER), b))
+    return "+".join(_BENCH_TAGS.get(b, b.replace("_", "-")) for b in names)
+
+
+def run_folder_name(benchmarks: Iterable[str], env: dict[str, Any] | None = None) -> str:
+    """``<YYYYMMDD>-<commit7>-<bench>-<gpu>`` for a run of ``benchmarks`` (names with or without
+    ``bench_``) on the machine ``env`` describes (default: this one, now); ``<bench>`` ends in
+    ``-<n>cores`` when the process may run on fewer cores than the machine has (``taskset``)."""
+    env = env or environment()
+    date = str(env.get("date") or _dt.datetime.now(_dt.timezone.utc).isoformat())[:10].replace("-", "")
+    hardware = env.get("hardware") or {}
+    usable, total = hardware.get("usable_cores"), hardware.get("cpu_count")
+    cores = f"-{usable}cores" if isinstance(usable, int) and isinstance(total, int) and usable < total else ""
+    return f"{date}-{short_commit(env.get('commit', ''))}-{bench_tag(benchmarks)}{cores}-{gpu_tag(env)}"
+
+
+def default_out_dir(benchmark: str, env: dict[str, Any] | None = None) -> Path:
+    """``benchmarks/results/<run_folder_name>`` for a script run without ``--out``."""
+    return RESULTS_DIR / run_folder_name([benchmark], env)
 
 
 def pick_device(arg: str | None) -> torch.device:
@@ -789,9 +852,9 @@ def write_result(out_dir: Path | None, benchmark: str, rows: Sequence[Row], *, c
     them); ``not_measured`` the skipped / failed / missing ones with their reasons. ``ledger`` adds
     top-level ledger columns (model, batch, resolution, ddp, amp) that every row inherits.
     """
-    out = Path(out_dir) if out_dir is not None else default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
     env = env or environment()
+    out = Path(out_dir) if out_dir is not None else default_out_dir(benchmark, env)
+    out.mkdir(parents=True, exist_ok=True)
     payload = {
         "schema": SCHEMA_VERSION,
         "benchmark": benchmark,
@@ -952,9 +1015,17 @@ def _targets(summary: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.harness",
                                 description="Summarise a results directory: table, results.md, ledger.")
-    p.add_argument("directory", type=Path)
+    p.add_argument("directory", type=Path, nargs="?")
     p.add_argument("--ledger", type=Path, default=None, help="append the rows to this ledger (.jsonl or .csv)")
+    p.add_argument("--folder-name", nargs="+", metavar="BENCH",
+                   help="print the run folder name for these benchmarks on this machine now, and exit "
+                        "(run_gpu.sh's default $OUT)")
     args = p.parse_args(argv)
+    if args.folder_name:
+        print(run_folder_name(args.folder_name))
+        return 0
+    if args.directory is None:
+        p.error("a results directory is needed (or --folder-name)")
     results = load_results(args.directory)
     if not results:
         print(f"no bench_*.json in {args.directory}")

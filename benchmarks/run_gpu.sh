@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run the benchmarks on the GPU machine, one after the other, each under a time limit; a failing
 # benchmark is logged and the others still run. Results: one JSON per benchmark in $OUT (default
-# benchmarks/results/<date>-<commit>), logs in $OUT/logs, results.md (tables) and ledger.jsonl.
+# benchmarks/results/<date>-<commit>-<bench>-<gpu> from harness.run_folder_name, e.g.
+# 20261206-894df79-classification-h100; several benchmarks joined by "+", the four "gpu-suite",
+# "-8cores" after the bench under taskset -c 0-7), logs in $OUT/logs, results.md (tables) and ledger.jsonl.
 #
 #   benchmarks/run_gpu.sh                          # all four (about 22 minutes: split it, see README)
 #   benchmarks/run_gpu.sh classification           # about 7 minutes
@@ -15,13 +17,18 @@ set -u
 cd "$(dirname "$0")/.."
 COMMIT="${PO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 export PO_COMMIT="$COMMIT"
-OUT="${OUT:-benchmarks/results/$(date -u +%Y%m%d)-${COMMIT:0:8}}"
 PY="${PYTHON:-python3}"
 TOTAL="${PO_BENCH_TOTAL_S:-575}"
 ARGS="${PO_BENCH_ARGS:-}"
 export PIPELINE_OPT_CACHE="${PIPELINE_OPT_CACHE:-/tmp/pipeline_opt_cache}"
 export PYTHONUNBUFFERED=1
 BENCHES="${*:-classification yolo transforms overhead}"
+if [ -z "${OUT:-}" ]; then
+  # shellcheck disable=SC2086
+  name=$("$PY" -m benchmarks.harness --folder-name $BENCHES) \
+    || name="$(date -u +%Y%m%d)-${COMMIT:0:7}-$(echo $BENCHES | tr ' _' '+-')-unknown"
+  OUT="benchmarks/results/$name"
+fi
 mkdir -p "$OUT/logs"
 
 cap() {  # the most seconds one benchmark may take (its own budget is below this)

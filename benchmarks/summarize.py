@@ -4,7 +4,8 @@
     python -m benchmarks.summarize --check          # exit 1 when the committed file is out of date
     python -m benchmarks.summarize --headline       # the README's headline table (links from the repo root)
 
-One section per benchmark; in it one table per run folder (``benchmarks/results/<date>-<commit>[-suffix]/``),
+One section per benchmark; in it one table per run folder
+(``benchmarks/results/<date>-<commit7>-<bench>-<gpu>[-suffix]/``, :func:`benchmarks.harness.run_folder_name`),
 oldest first, with the run's date, GPU, usable cores and commit, every row's median img/s, min..max,
 spread and number of windows, and the ratio to the limit (or to the plain loop) that the JSON holds.
 The ratios, targets and caveats of the JSON's ``summary`` follow each table. Keys that an older JSON
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ if __package__ in (None, ""):  # `python benchmarks/summarize.py`
 
 from benchmarks import harness as H  # noqa: E402
 
-RESULTS_DIR = H.REPO_ROOT / "benchmarks" / "results"
+RESULTS_DIR = H.RESULTS_DIR
 DEFAULT_OUT = H.REPO_ROOT / "benchmarks" / "RESULTS.md"
 COMMIT_NOTE = "COMMIT_NOTE.md"  # a run folder's note, quoted in RESULTS.md under its table
 README_LINK_PREFIX = "benchmarks/results/"  # the headline table's links, as seen from the repository root
@@ -139,6 +141,54 @@ def load_runs(results_dir: Path = RESULTS_DIR) -> list[Run]:
                 if isinstance(data, dict):
                     runs.append(Run(folder, {"benchmark": path.stem, **data}))
     return runs
+
+
+# ---------------------------------------------------------------------------------------------- folder names
+
+_FOLDER_RE = re.compile(r"(?P<date>\d{8})-(?P<commit>[0-9a-f]{7}|unknown)-(?P<rest>[a-z0-9][a-z0-9+-]*)")
+
+
+def naming_problems(results_dir: Path = RESULTS_DIR) -> list[str]:
+    """What in ``results_dir`` breaks the scheme of :func:`benchmarks.harness.run_folder_name`: entries
+    that are not folders, code in a folder (it belongs in ``benchmarks/probes/``), and names that are not
+    ``<YYYYMMDD>-<commit7>-<bench>[-<n>cores]-<gpu>[-suffix]`` with the bench, usable cores, GPU and date
+    that the folder's JSON records (a folder without JSON only needs the pattern)."""
+    problems = []
+    by_folder: dict[str, list[Run]] = {}
+    for run in load_runs(results_dir):
+        by_folder.setdefault(run.folder.name, []).append(run)
+    for path in sorted(Path(results_dir).iterdir()):
+        name = path.name
+        if not path.is_dir():
+            problems.append(f"{name}: not a run folder (results/ holds one folder per run)")
+            continue
+        problems += [f"{name}: code in a results folder, move {p.relative_to(path)} to benchmarks/probes/"
+                     for p in sorted(path.rglob("*.py"))]
+        match = _FOLDER_RE.fullmatch(name)
+        if not match:
+            problems.append(f"{name}: not <YYYYMMDD>-<commit7>-<bench>-<gpu>[-suffix]")
+            continue
+        runs = by_folder.get(name, [])
+        if not runs:
+            continue
+        expected = f"{match['date']}-{match['commit']}-{H.bench_tag(r.benchmark for r in runs)}"
+        gpus = {H.gpu_tag(r.env) for r in runs if (r.env.get("hardware") or {}).get("gpu")}
+        gpu = gpus.pop() if len(gpus) == 1 else None
+        pattern = re.escape(expected) + r"(?:-(?P<cores>\d+)cores)?-" \
+            + (re.escape(gpu) if gpu else "[a-z0-9]+") + r"(?:-[a-z0-9]+)?"
+        found = re.fullmatch(pattern, name)
+        hardware = runs[0].env.get("hardware") or {}
+        usable, total = hardware.get("usable_cores"), hardware.get("cpu_count")
+        dates = {r.date[:10].replace("-", "") for r in runs if r.date != "-"}
+        if not found:
+            problems.append(f"{name}: its JSON says {expected}[-<n>cores]-{gpu or '<gpu>'}[-suffix]")
+        elif found["cores"] and int(found["cores"]) != usable:
+            problems.append(f"{name}: the JSON ran on {usable} usable cores")
+        elif not found["cores"] and isinstance(usable, int) and isinstance(total, int) and usable < total:
+            problems.append(f"{name}: {usable} of {total} cores usable, so {expected}-{usable}cores-...")
+        elif dates and dates != {match["date"]}:
+            problems.append(f"{name}: the JSON's date is {', '.join(sorted(dates))}")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -388,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown file (default benchmarks/RESULTS.md)")
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="the folder of run folders")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs from what "
-                   "would be written")
+                   "would be written, or a run folder's name breaks the scheme")
     p.add_argument("--headline", action="store_true", help="print the README's headline table and exit")
     args = p.parse_args(argv)
     runs = load_runs(args.results)
@@ -396,10 +446,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(headline_table(headline(runs), README_LINK_PREFIX))
         return 0
     text = render(runs, args.out, args.results)
+    problems = naming_problems(args.results)
+    for problem in problems:
+        print(f"results/{problem}", file=sys.stderr)
     if args.check:
         current = args.out.read_text() if args.out.is_file() else None
         if current != text:
             print(f"{args.out} is out of date: run python -m benchmarks.summarize", file=sys.stderr)
+            return 1
+        if problems:
+            print(f"{len(problems)} run folder name problem(s): see benchmarks/README.md, Results", file=sys.stderr)
             return 1
         print(f"{args.out} is up to date ({len(runs)} result files)")
         return 0

@@ -182,7 +182,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rows_of(source: str, ledger_path: Path) -> tuple[list, str]:
+# Each committed run folder keeps its own ledger (benchmarks/results/<run>/ledger.jsonl, written by
+# run_gpu.sh); there is no shared one to default to, so the ledger is named wherever one is read or written.
+LEDGER_HINT = ("pass --ledger FILE: a run folder's benchmarks/results/<run>/ledger.jsonl, "
+               "or a new .jsonl / .csv file to start one")
+
+
+def _ledger_path(args: argparse.Namespace, what: str) -> Path:
+    """``--ledger`` as a path; a :class:`CLIError` naming the fix when it was not given."""
+    if args.ledger is None:
+        raise CLIError(f"{what} needs a ledger: {LEDGER_HINT}")
+    return Path(args.ledger)
+
+
+def _existing_ledger(args: argparse.Namespace, what: str) -> Path:
+    path = _ledger_path(args, what)
+    if not path.is_file():
+        raise CLIError(f"no ledger at {path}; record into it first "
+                       f"(pipeline-opt bench --record RESULT.json --ledger {path})")
+    return path
+
+
+def _rows_of(source: str, args: argparse.Namespace) -> tuple[list, str]:
     """Rows named by a commit prefix in the ledger, or by a ledger / benchmark-result file."""
     from pipeline_opt.report import ledger
 
@@ -193,6 +214,7 @@ def _rows_of(source: str, ledger_path: Path) -> tuple[list, str]:
             commits = list(dict.fromkeys(r.commit for r in rows))
             return (ledger.select(rows, commits[-1]) if commits else []), path.name
         return ledger.rows_from_result(json.loads(path.read_text())), path.name
+    ledger_path = _existing_ledger(args, f"--compare {source!r} (no such file, so a commit)")
     rows = ledger.select(ledger.read(ledger_path), source)
     if not rows:
         raise CLIError(f"no rows for commit {source!r} in {ledger_path}; give a commit recorded there or a file")
@@ -202,9 +224,8 @@ def _rows_of(source: str, ledger_path: Path) -> tuple[list, str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline_opt.report import ledger
 
-    ledger_path = Path(args.ledger)
     if args.compare:
-        (a, a_name), (b, b_name) = (_rows_of(s, ledger_path) for s in args.compare)
+        (a, a_name), (b, b_name) = (_rows_of(s, args) for s in args.compare)
         comparisons = ledger.compare(a, b)
         _out(ledger.comparison_table(comparisons, a_name, b_name))
         regressed = [c for c in comparisons if c.regressed]
@@ -213,6 +234,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         return EXIT_OK
     if args.record:
+        ledger_path = _ledger_path(args, "--record")
         rows = []
         for p in args.record:
             if not Path(p).is_file():
@@ -222,8 +244,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _out(f"appended {len(rows)} row(s) to {ledger_path}")
         return EXIT_OK
     if args.run:
-        return _run_benchmark(args, ledger_path)
-    rows = ledger.read(ledger_path)
+        return _run_benchmark(args, _ledger_path(args, "--run"))
+    rows = ledger.read(_existing_ledger(args, "listing the ledger"))
     _out(_ledger_tail(rows[-args.last:]))
     return EXIT_OK
 
@@ -316,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--record", nargs="+", metavar="RESULT.json", help="append benchmark result files")
     mode.add_argument("--compare", nargs=2, metavar=("A", "B"),
                       help="compare two commits (prefixes in the ledger) or files; exit 1 on a regression")
-    b.add_argument("--ledger", default=str(Path("benchmarks") / "results" / "ledger.jsonl"),
-                   help="ledger file, .jsonl or .csv (default benchmarks/results/ledger.jsonl)")
+    b.add_argument("--ledger", default=None, metavar="FILE",
+                   help="ledger file, .jsonl or .csv: required to list, --record, --run, and --compare a commit "
+                        "(e.g. a run folder's benchmarks/results/<run>/ledger.jsonl)")
     b.add_argument("--quick", action="store_true", help="with --run: tiny sizes")
     b.add_argument("--bench-args", default="", help='with --run: extra arguments for the benchmark, e.g. --bench-args="--rounds 3"')
     b.add_argument("--out", default=None, help="with --run: keep the JSON result in this folder")

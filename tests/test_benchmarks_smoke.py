@@ -166,6 +166,39 @@ class _ScriptedSource:
             i += 1
 
 
+def test_run_folder_names_follow_the_scheme(monkeypatch, tmp_path):
+    def env(gpu: str | None, usable: int = 16, total: int = 16, commit: str = "894df79c0ffee") -> dict:
+        return {"date": "2026-12-06T10:00:00+00:00", "commit": commit,
+                "hardware": {"gpu": {"available": gpu is not None, **({"name": gpu} if gpu else {})},
+                             "usable_cores": usable, "cpu_count": total}}
+
+    assert H.run_folder_name(["bench_classification"], env("NVIDIA H100 80GB HBM3")) \
+        == "20261206-894df79-classification-h100"
+    assert H.run_folder_name(["yolo_trainer"], env("NVIDIA H200", usable=8)) == "20261206-894df79-yolo-trainer-8cores-h200"
+    assert H.run_folder_name(["yolo_worker_stages"], env(None, 2, 2)) == "20261206-894df79-worker-stages-cpu"
+    assert H.run_folder_name(["yolo_gap", "bench_classification"], env("NVIDIA H200", commit="ac2f6e9+threads")) \
+        == "20261206-ac2f6e9-classification+yolo-gap-h200"
+    assert H.run_folder_name(["overhead", "classification", "transforms", "yolo"], env("NVIDIA H200")) \
+        == "20261206-894df79-gpu-suite-h200"
+    assert H.run_folder_name(["classification"], env(None, commit="unknown")) == "20261206-unknown-classification-cpu"
+    assert [H.gpu_tag(env(name)) for name in ("NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-40GB", "Tesla T4")] \
+        == ["rtx4090", "a100", "t4"]
+    with pytest.raises(ValueError, match="at least one benchmark"):
+        H.bench_tag([])
+    # a script run without --out writes there
+    monkeypatch.setattr(H, "RESULTS_DIR", tmp_path)
+    path = H.write_result(None, "bench_overhead", [H.row_of("plain", [1.0, 2.0])], config={},
+                          env=env("NVIDIA H100 80GB HBM3", usable=8))
+    assert path == tmp_path / "20261206-894df79-overhead-8cores-h100" / "bench_overhead.json"
+    assert json.loads(path.read_text())["rows"][0]["name"] == "plain"
+
+
+def test_harness_prints_this_machines_folder_name(capsys):
+    assert H._main(["--folder-name", "bench_yolo", "yolo_gap"]) == 0
+    name = capsys.readouterr().out.strip()
+    assert name == H.run_folder_name(["yolo", "yolo_gap"]) and "-yolo+yolo-gap" in name
+
+
 def test_window_drains_the_ready_queue_of_a_data_bound_loader_only():
     # data-bound: every next() waits (the queue is empty): the drain stops at the second wait
     cand = H.Candidate("slow", lambda: _ScriptedSource(2, 2, delay_s=0.02), lambda b: None, min_discard=0)

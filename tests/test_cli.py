@@ -142,9 +142,29 @@ def test_bench_record_list_and_compare(tmp_path, capsys):
 
 def test_bench_errors_are_clear(tmp_path, capsys):
     assert cli.main(["bench", "--ledger", str(tmp_path / "none.jsonl")]) == cli.EXIT_USAGE
-    assert "no ledger at" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no ledger at" in err and f"--record RESULT.json --ledger {tmp_path / 'none.jsonl'}" in err
     assert cli.main(["bench", "--record", str(tmp_path / "x.json"), "--ledger", str(tmp_path / "l.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_without_a_ledger_names_the_fix_and_files_compare_without_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no benchmarks/results/ledger.jsonl to fall back on, nor any default
+    result = tmp_path / "aaa.json"
+    result.write_text(json.dumps(_result("aaa", 100.0, 1000.0)))
+    for argv, what in ((["bench"], "listing the ledger"), (["bench", "--record", str(result)], "--record"),
+                       (["bench", "--run", "classification"], "--run"),
+                       (["bench", "--compare", "aaa", str(result)], "--compare 'aaa'")):
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err
+        assert what in err and "needs a ledger: pass --ledger FILE" in err, err
+        assert "benchmarks/results/<run>/ledger.jsonl" in err
+    assert not list(tmp_path.rglob("*.jsonl"))  # nothing was written anywhere
+    # two result files need no ledger
+    other = tmp_path / "bbb.json"
+    other.write_text(json.dumps(_result("bbb", 100.0, 990.0)))
+    assert cli.main(["bench", "--compare", str(result), str(other)]) == cli.EXIT_OK
+    assert "autotune" in capsys.readouterr().out
 
 
 def test_yolo_forwards_every_argument(monkeypatch):
@@ -306,14 +326,16 @@ def test_bench_run_executes_the_benchmark_and_records_it(tmp_path, monkeypatch, 
     (tmp_path / "benchmarks" / "__init__.py").write_text("")
     (tmp_path / "benchmarks" / "bench_fake.py").write_text(FAKE_BENCH)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["-q", "bench", "--run", "fake", "--quick"]) == 0
+    ledger_path = tmp_path / "ledger.jsonl"
+    assert cli.main(["-q", "bench", "--run", "fake", "--quick", "--ledger", str(ledger_path)]) == 0
     assert "appended 1 row(s) of bench_fake" in capsys.readouterr().out
     from pipeline_opt.report.ledger import read
 
-    [row] = read(tmp_path / "benchmarks" / "results" / "ledger.jsonl")
+    [row] = read(ledger_path)
     assert (row.benchmark, row.config, row.commit, row.throughput) == ("bench_fake", "quick", "f00", 123.0)
-    assert cli.main(["-q", "bench", "--run", "fake", "--bench-args=--fail"]) == cli.EXIT_FAILED
-    assert cli.main(["-q", "bench", "--run", "nope"]) == cli.EXIT_USAGE
+    assert cli.main(["-q", "bench", "--run", "fake", "--bench-args=--fail", "--ledger", str(ledger_path)]) \
+        == cli.EXIT_FAILED
+    assert cli.main(["-q", "bench", "--run", "nope", "--ledger", str(ledger_path)]) == cli.EXIT_USAGE
     assert "benchmarks/bench_nope.py not found" in capsys.readouterr().err
 
 

@@ -1,7 +1,9 @@
-"""Per-image read time: OpenCV JPEG decode (what ultralytics' load_image does with cache off) against
-np.load of the same image saved as .npy (what it does with cache="disk").
+"""Per-image read, cv2.imread of a JPEG vs np.load of its .npy: benchmarks/results/20261205-373f101-worker-stages-cpu.
 
-    python decode_vs_npy.py ~/.cache/pipeline_opt/datasets/yolo-<hash>   # the 2048-image synthetic set
+What ultralytics' load_image does with cache off (OpenCV's JPEG decode) against cache="disk" (np.load
+of the same image saved as .npy); the folder's README.md holds the numbers.
+
+    python benchmarks/probes/decode_vs_npy.py ~/.cache/pipeline_opt/datasets/yolo-<hash>   # the 2048-image set
 """
 
 import glob

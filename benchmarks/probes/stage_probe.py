@@ -1,7 +1,9 @@
-"""Per-sample time of an ultralytics training dataset's stages in one process (no DataLoader).
+"""Per-sample ms of each YOLO dataset stage, channel-last vs -first: benchmarks/results/20261205-e71b302-worker-stages-h100.
 
-    python stage_probe.py 1000          # channel-last delivery (the default since e71b302)
-    CHW=1 python stage_probe.py 1000    # Format's channel-first RGB copy left in the worker
+One process, no DataLoader; the folder's README.md holds the numbers.
+
+    python benchmarks/probes/stage_probe.py 1000          # channel-last delivery (the default since e71b302)
+    CHW=1 python benchmarks/probes/stage_probe.py 1000    # Format's channel-first RGB copy left in the worker
 """
 
 from __future__ import annotations
