@@ -1,7 +1,8 @@
 """The performance baseline ledger: one row per measured configuration of every benchmark run.
 
-``pipeline-opt bench`` appends the rows of a benchmark's JSON result to
-``benchmarks/results/ledger.jsonl`` (or a ``.csv``), keyed by commit, so a regression points at the
+``pipeline-opt bench --ledger FILE`` appends the rows of a benchmark's JSON result to a ``.jsonl`` (or
+``.csv``) ledger — each committed run folder keeps its own, ``benchmarks/results/<run>/ledger.jsonl`` —
+keyed by commit, so a regression points at the
 commit that caused it. :func:`compare` matches rows of two commits (or two files) by benchmark and
 configuration and flags those whose throughput fell by more than the larger of their two spreads.
 
@@ -33,7 +34,6 @@ from pipeline_opt._logging import get_logger
 
 log = get_logger("ledger")
 
-DEFAULT_LEDGER = Path("benchmarks") / "results" / "ledger.jsonl"
 
 _ALIASES = {
     "commit": ("commit", "git_commit", "git_sha"),
@@ -142,7 +142,7 @@ def rows_from_result(result: Mapping[str, Any], benchmark: str | None = None,
     return out
 
 
-def append(rows: Iterable[LedgerRow], path: str | Path = DEFAULT_LEDGER) -> Path:
+def append(rows: Iterable[LedgerRow], path: str | Path) -> Path:
     """Append ``rows`` to the ledger at ``path`` (``.jsonl`` or ``.csv``, created if missing)."""
     path = Path(path)
     rows = list(rows)
@@ -165,7 +165,7 @@ def append(rows: Iterable[LedgerRow], path: str | Path = DEFAULT_LEDGER) -> Path
     return path
 
 
-def read(path: str | Path = DEFAULT_LEDGER) -> list[LedgerRow]:
+def read(path: str | Path) -> list[LedgerRow]:
     """All rows of a ledger file (``.jsonl`` or ``.csv``) in the order they were appended."""
     path = Path(path)
     if not path.exists():
