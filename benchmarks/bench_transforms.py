@@ -166,10 +166,10 @@ def gpu_variant_rows(sizes: Sizes, device: torch.device) -> list[H.Row]:
     hsv = hsv_cls(0.015, 0.7, 0.4, seed=0)
     colour_flips = det_cls(translate=0.0, scale=0.0, fliplr=0.5, seed=0)
     variants = [
-        ("gpu hsv, torch ops (per batch)", "hsv (torch ops)", H.EnvDuring(hsv, "PIPELINE_OPT_FUSED", "0"), x),
+        ("gpu hsv, torch ops (per batch)", "hsv (torch ops)", H.AttrDuring(hsv, hsv, "fused", False), x),
         ("gpu colour+flips fused (per batch)", "colour+flips", colour_flips, batch),
         ("gpu colour+flips, torch ops (per batch)", "colour+flips (torch ops)",
-         H.EnvDuring(colour_flips, "PIPELINE_OPT_FUSED", "0"), batch),
+         H.AttrDuring(colour_flips, colour_flips, "fused", False), batch),
     ]
     for name, op, fn, arg in variants:
         name = f"{name[:-1]}, {device.type})"

@@ -722,23 +722,20 @@ def replay(batch: Any) -> Iterator[Any]:
         yield batch
 
 
-class EnvDuring:
-    """``fn`` called with the environment variable ``name`` set to ``value`` for each call (and
-    restored after it): e.g. ``PIPELINE_OPT_FUSED=0`` for a row that times the unfused path."""
+class AttrDuring:
+    """``fn`` called with ``obj.name`` set to ``value`` for each call (and restored after it): e.g.
+    ``fused=False`` on a GPU augmentation for a row that times the unfused path."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, value: str) -> None:
-        self.fn, self.name, self.value = fn, name, value
+    def __init__(self, fn: Callable[..., Any], obj: Any, name: str, value: Any) -> None:
+        self.fn, self.obj, self.name, self.value = fn, obj, name, value
 
     def __call__(self, *args: Any) -> Any:
-        saved = os.environ.get(self.name)
-        os.environ[self.name] = self.value
+        saved = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
         try:
             return self.fn(*args)
         finally:
-            if saved is None:
-                os.environ.pop(self.name, None)
-            else:
-                os.environ[self.name] = saved
+            setattr(self.obj, self.name, saved)
 
 
 def time_callable(fn: Callable[[], Any], device: torch.device | str | None, reps: int = 20,

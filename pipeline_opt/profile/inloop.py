@@ -13,10 +13,11 @@ After ``warmup`` (and the prefetched batches) ``steps`` steps are measured, then
 steps are traced by torch.profiler; afterwards the loop runs on with negligible overhead. The skip of prefetched batches is shortened (never below ``warmup``)
 when the window would not otherwise fit one epoch of the loader. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
 process once the window is complete: it saves the report to ``output_dir`` (default
-``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises ``SystemExit(0)``
-(``sys.exit(0)``), so an unchanged training script produces a standard report and exits with
-status 0. Call ``step()`` from the training loop itself (the main thread) for the exit to end the
-process; ``except Exception`` blocks do not catch it.
+``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises
+:class:`PerfBenchComplete` (a ``SystemExit`` with status 0), so an unchanged training script produces
+a standard report and its interpreter exits with status 0. Call ``step()`` from the training loop
+itself (the main thread) for it to end the process; ``except Exception`` blocks do not catch it, and a
+script that wants to go on catches ``PerfBenchComplete``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +52,15 @@ log = get_logger("profile.inloop")
 
 PERF_BENCH_ENV = "PERF_BENCH"
 DEFAULT_BENCH_DIR = "pipeline_opt_perf_bench"
+
+
+class PerfBenchComplete(SystemExit):
+    """``PERF_BENCH=1``: the fixed profile is measured and saved; raised to end the training script
+    with status 0 (the library itself never exits the process). ``report_dir`` is where it was saved."""
+
+    def __init__(self, report_dir: Path) -> None:
+        super().__init__(0)
+        self.report_dir = report_dir
 
 
 def perf_bench_enabled() -> bool:
@@ -207,7 +216,7 @@ class LoopProfiler:
         log.warning("%s=1: profiled %d steps (%.1f samples/s, bottleneck %s); report saved to %s; exiting with "
                     "status 0", PERF_BENCH_ENV, len(report.steps), report.throughput, report.bottleneck,
                     directory.resolve())
-        sys.exit(0)
+        raise PerfBenchComplete(directory)
 
     def __enter__(self) -> LoopProfiler:
         return self

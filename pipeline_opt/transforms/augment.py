@@ -314,6 +314,8 @@ class RandomHSV(_RandomBatchAugment):
             ``hsv_h``, ``hsv_s``, ``hsv_v``).
         channel_order: ``"RGB"`` (ultralytics batches, torchvision) or ``"BGR"`` (OpenCV arrays).
         seed, generator: randomness source (see the module docstring).
+        fused: on CUDA with Triton, one fused kernel (:mod:`pipeline_opt.transforms.fused`, bit-identical);
+            ``False`` runs the torch operations (e.g. to time them).
 
     Float inputs are quantised to 8 bits first: the ultralytics operation is defined on uint8
     lookup tables. Batches with a channel count other than 3 pass through unchanged (as in
@@ -329,8 +331,10 @@ class RandomHSV(_RandomBatchAugment):
         channel_order: str = "RGB",
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        fused: bool = True,
     ) -> None:
         super().__init__(seed, generator)
+        self.fused = bool(fused)
         self.gains = (
             _check_nonneg("hgain", hgain),
             _check_nonneg("sgain", sgain),
@@ -366,7 +370,7 @@ class RandomHSV(_RandomBatchAugment):
         if not self.active(images):
             return _result(images, boxes)
         x = _to_uint8(images)
-        if fused_available(x.device):  # one Triton kernel, bit-identical to the torch operations below
+        if self.fused and fused_available(x.device):  # one Triton kernel, bit-identical to the torch operations below
             out = hsv_flip(x, hsv_luts(params.gains), channel_order=self.channel_order)
             return _result(_from_uint8(out, images.dtype), boxes)
         if self.channel_order == "BGR":

@@ -92,7 +92,7 @@ class DetectionGPUAugment(nn.Module):
     integration measures colour/flip alone against colour/flip + warp with one module.
 
     On CUDA with Triton, HSV and both flips run as one fused kernel
-    (:mod:`pipeline_opt.transforms.fused`), bit-identical to the separate modules.
+    (:mod:`pipeline_opt.transforms.fused`), bit-identical to the separate modules (``fused=False``: those).
     """
 
     def __init__(
@@ -111,18 +111,28 @@ class DetectionGPUAugment(nn.Module):
         flipud: float = 0.0,
         channel_order: str = "RGB",
         min_box_size: float = 0.0,
+        fused: bool = True,
     ) -> None:
         super().__init__()
         generator = _make_generator(seed, None)
         kw = {"generator": generator}
         self.affine = RandomPerspective(degrees, translate, scale, shear, perspective, **kw)
-        self.hsv = RandomHSV(hsv_h, hsv_s, hsv_v, channel_order=channel_order, **kw)
+        self.hsv = RandomHSV(hsv_h, hsv_s, hsv_v, channel_order=channel_order, fused=fused, **kw)
         self.flipud = RandomVerticalFlip(flipud, **kw)
         self.fliplr = RandomHorizontalFlip(fliplr, **kw)
         if float(min_box_size) < 0:
             raise ValueError(f"min_box_size={min_box_size!r} must be >= 0")
         self.min_box_size = float(min_box_size)
         self.warp_enabled = True
+
+    @property
+    def fused(self) -> bool:
+        """Whether colour and flips run as one Triton kernel where it can (CUDA); ``False``: torch operations."""
+        return self.hsv.fused
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        self.hsv.fused = bool(value)
 
     @property
     def warps(self) -> bool:
@@ -201,7 +211,7 @@ class DetectionGPUAugment(nn.Module):
     def _colour_and_flips(self, img: torch.Tensor, hsv: HSVParams, ud: FlipParams, lr: FlipParams) -> torch.Tensor:
         """HSV, vertical and horizontal flip of the images: one fused kernel where it can run."""
         colour = self.hsv.active(img)
-        if img.dtype == torch.uint8 and img.shape[1] == 3 and fused_available(img.device):
+        if self.fused and img.dtype == torch.uint8 and img.shape[1] == 3 and fused_available(img.device):
             if not colour and not self.flipud.p and not self.fliplr.p:
                 return img
             return hsv_flip(img, hsv_luts(hsv.gains) if colour else None,

@@ -12,8 +12,8 @@ mirrored read. Floating-point contraction (FMA) is switched off so every float o
 as the separate torch kernels do: the output equals the torch reference bit for bit (tested on
 the GPU, and on the CPU through Triton's interpreter).
 
-Used automatically on CUDA tensors when Triton imports; ``PIPELINE_OPT_FUSED=0`` turns it off
-(the torch reference then runs). All per-sample parameters travel in one small page-locked
+Used automatically on CUDA tensors when Triton imports; ``RandomHSV(fused=False)`` /
+``DetectionGPUAugment(fused=False)`` run the torch reference instead. All per-sample parameters travel in one small page-locked
 host-to-device copy, so the call never waits for the device.
 """
 
@@ -56,9 +56,7 @@ def _triton():
 
 def fused_available(device: torch.device | str) -> bool:
     """Whether :func:`hsv_flip` can run on ``device``: CUDA with Triton (CPU only under
-    ``TRITON_INTERPRET=1``, for tests), unless ``PIPELINE_OPT_FUSED=0``."""
-    if os.environ.get("PIPELINE_OPT_FUSED", "1") == "0":
-        return False
+    ``TRITON_INTERPRET=1``, for tests)."""
     dev = torch.device(device)
     if dev.type != "cuda" and not (dev.type == "cpu" and _interpreting()):
         return False

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import pipeline_opt as po
 from pipeline_opt.profile.install import loop_skip_steps
@@ -141,6 +141,19 @@ def test_perf_bench_saves_the_report_and_exits_zero(tmp_path):
     saved = json.loads((out / "report.json").read_text())
     assert len(saved["steps"]) == 3
     assert json.loads((out / "trace.json").read_text())["traceEvents"]
+
+
+def test_perf_bench_completion_is_an_exception_a_script_may_catch(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERF_BENCH", "1")
+    model = torch.nn.Conv2d(3, 2, 3)
+    loader = DataLoader(TensorDataset(torch.randn(32, 3, 8, 8)), batch_size=4)
+    prof = po.profile_loop(loader, model=model, steps=2, warmup=0, output_dir=tmp_path)
+    with pytest.raises(po.PerfBenchComplete) as done:
+        for (x,) in prof:
+            model(x).sum().backward()
+            prof.step()
+    assert done.value.code == 0 and done.value.report_dir == tmp_path and isinstance(done.value, SystemExit)
+    assert (tmp_path / "report.json").is_file()
 
 
 def test_a_loop_over_a_preparing_thread_gets_its_track_in_the_trace():

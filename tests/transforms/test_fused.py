@@ -39,22 +39,14 @@ def _colour_cube(step: int = 1) -> torch.Tensor:
 def _reference(images: torch.Tensor, gains: torch.Tensor | None, ud: torch.Tensor, lr: torch.Tensor,
                order: str = "RGB") -> torch.Tensor:
     """RandomHSV.apply then the flips, as separate torch operations (the fused path switched off)."""
-    saved = os.environ.get("PIPELINE_OPT_FUSED")
-    os.environ["PIPELINE_OPT_FUSED"] = "0"
-    try:
-        out = images
-        if gains is not None:
-            from pipeline_opt.transforms.augment import HSVParams
+    out = images
+    if gains is not None:
+        from pipeline_opt.transforms.augment import HSVParams
 
-            out = RandomHSV(0.5, 0.5, 0.5, channel_order=order).apply(images, HSVParams(gains))
-        dev = images.device
-        out = torch.where(ud.to(dev).view(-1, 1, 1, 1), out.flip(-2), out)
-        return torch.where(lr.to(dev).view(-1, 1, 1, 1), out.flip(-1), out)
-    finally:
-        if saved is None:
-            os.environ.pop("PIPELINE_OPT_FUSED", None)
-        else:
-            os.environ["PIPELINE_OPT_FUSED"] = saved
+        out = RandomHSV(0.5, 0.5, 0.5, channel_order=order, fused=False).apply(images, HSVParams(gains))
+    dev = images.device
+    out = torch.where(ud.to(dev).view(-1, 1, 1, 1), out.flip(-2), out)
+    return torch.where(lr.to(dev).view(-1, 1, 1, 1), out.flip(-1), out)
 
 
 def _gains(n: int, seed: int) -> torch.Tensor:
@@ -68,8 +60,16 @@ def test_not_used_on_the_cpu_without_the_interpreter(monkeypatch):
     assert not fused.fused_available("cpu")
     with pytest.raises(RuntimeError, match="needs CUDA and Triton"):
         fused.hsv_flip(torch.zeros(1, 3, 4, 4, dtype=torch.uint8))
-    monkeypatch.setenv("PIPELINE_OPT_FUSED", "0")
-    assert not fused.fused_available("cuda")
+
+
+def test_the_fused_path_is_an_option_of_the_modules():
+    from pipeline_opt.transforms.detection import DetectionGPUAugment
+
+    assert RandomHSV().fused and not RandomHSV(fused=False).fused
+    det = DetectionGPUAugment(fused=False)
+    assert not det.fused and not det.hsv.fused
+    det.fused = True
+    assert det.fused and det.hsv.fused
 
 
 def test_bad_arguments_are_named():
@@ -114,7 +114,6 @@ _INTERPRETED = textwrap.dedent("""
 @pytest.mark.skipif(not has_triton, reason="Triton is not installed")
 def test_kernel_equals_the_reference_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    env.pop("PIPELINE_OPT_FUSED", None)
     proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -168,8 +167,7 @@ def test_detection_augment_never_waits_for_the_device_and_equals_the_unfused_pat
         out = fast(batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    monkeypatch.setenv("PIPELINE_OPT_FUSED", "0")
-    slow = DetectionGPUAugment(fliplr=0.5, flipud=0.5, translate=0.0, scale=0.0, seed=7)(batch)
+    slow = DetectionGPUAugment(fliplr=0.5, flipud=0.5, translate=0.0, scale=0.0, seed=7, fused=False)(batch)
     assert torch.equal(out["img"], slow["img"])
     for k in ("bboxes", "cls", "batch_idx"):
         assert torch.equal(out[k], slow[k]), k

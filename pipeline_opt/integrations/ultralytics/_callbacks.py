@@ -25,7 +25,6 @@ settings, and rank 0 writes the combined profile of all ranks.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,7 +65,7 @@ from pipeline_opt.integrations.ultralytics._tune import (
 )
 from pipeline_opt.loading.dataloader import loader_config, release_workers
 from pipeline_opt.profile.assemble import build_report
-from pipeline_opt.profile.inloop import PERF_BENCH_ENV, perf_bench_enabled
+from pipeline_opt.profile.inloop import PERF_BENCH_ENV, PerfBenchComplete, perf_bench_enabled
 from pipeline_opt.profile.install import (
     describe_loader,
     install_worker_profiling,
@@ -477,7 +476,7 @@ class YoloIntegration:
                     loader.close()
             log.warning("%s=1: profiled %d steps; report saved to %s; exiting with status 0", PERF_BENCH_ENV,
                         len(run.report.steps), run.out_dir.resolve())
-            sys.exit(0)
+            raise PerfBenchComplete(run.out_dir)
 
     # -- validation ----------------------------------------------------------------------------
     def on_val_start(self, validator: Any) -> None:
