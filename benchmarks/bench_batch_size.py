@@ -105,7 +105,7 @@ def true_limit(work: Workload, build: Callable[[int], Any], start: int, device: 
     :func:`~pipeline_opt.profile.batch_size.peak_bytes`, which releases the allocator's cache first, so
     the peaks recorded are each size's own. ``memory``: the readings (default ``torch.cuda`` on
     ``device``; a fake allocator in the CPU tests)."""
-    from pipeline_opt._step import ModelStateGuard
+    from pipeline_opt._core.step import ModelStateGuard
     from pipeline_opt.profile.batch_size import peak_bytes
     from pipeline_opt.profile.memory import CudaMemory
 
@@ -153,7 +153,7 @@ def autobatch_sizes(model: torch.nn.Module, imgsz: int, device: torch.device) ->
 
 def measure(work: Workload, sizes: Sizes, device: torch.device, deadline: H.Deadline
             ) -> tuple[list[H.Row], dict[str, Any]]:
-    from pipeline_opt._step import ModelStateGuard, batch_size_of
+    from pipeline_opt._core.step import ModelStateGuard, batch_size_of
     from pipeline_opt.profile.batch_size import max_batch_size, resize_batch, step_throughput
     from pipeline_opt.tune.measure import first_batch
 

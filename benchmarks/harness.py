@@ -593,7 +593,7 @@ class Candidate:
 
 
 def _count(batch: Any) -> int:
-    from pipeline_opt._step import batch_size_of
+    from pipeline_opt._core.step import batch_size_of
 
     return batch_size_of(batch)
 

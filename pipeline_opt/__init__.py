@@ -6,8 +6,8 @@
     for batch in result.loader: ...
 """
 
-from pipeline_opt import datasets, integrations, transforms
-from pipeline_opt._logging import enable_console_logging, get_logger
+from pipeline_opt import datasets, integrations, report, transforms
+from pipeline_opt._core.log import enable_console_logging, get_logger
 from pipeline_opt._version import __version__
 from pipeline_opt.front_doors import autotune
 from pipeline_opt.loading import DeviceLoader
@@ -46,6 +46,7 @@ __all__ = [
     "max_batch_size",
     "profile",
     "profile_loop",
+    "report",
     "split_transforms",
     "transforms",
 ]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline_opt._logging import enable_console_logging, get_logger
+from pipeline_opt._core.log import enable_console_logging, get_logger
 from pipeline_opt._version import __version__
 
 log = get_logger("cli")
@@ -274,7 +274,7 @@ def _run_benchmark(args: argparse.Namespace, ledger_path: Path) -> int:
 
 
 def _ledger_tail(rows: Sequence[Any]) -> str:
-    from pipeline_opt.report.grid import grid
+    from pipeline_opt._core.grid import grid
 
     if not rows:
         return "the ledger is empty"

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.progress import progress_bar
 
 log = get_logger("datasets")
 
@@ -83,7 +84,6 @@ def _cached(kind: str, params: dict, root: Path | None) -> tuple[Path, bool]:
 
 
 def _run_parallel(fn: Callable, jobs: list[tuple], workers: int | None, progress: bool, what: str) -> None:
-    from pipeline_opt.report.progress import progress_bar
 
     workers = workers or max(1, min(len(os.sched_getaffinity(0)), 8))
     chunks = [jobs[i::workers] for i in range(workers)] if workers > 1 else [jobs]

@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline_opt._logging import get_logger
+import pipeline_opt as po
+from pipeline_opt._core.log import get_logger
+from pipeline_opt.datasets import make_image_folder
+from pipeline_opt.report.html import render_tune_html
+from pipeline_opt.report.text import before_after_table
+from pipeline_opt.tune.api import samples_clause
 
 log = get_logger("demo")
 
@@ -135,8 +140,6 @@ def build(cfg: DemoConfig):
     import torchvision
     from torch.utils.data import DataLoader
 
-    from pipeline_opt.datasets import make_image_folder
-
     folder = make_image_folder(n_images=cfg.images, size=cfg.size, num_classes=cfg.num_classes, seed=cfg.seed,
                                progress=True)
     dataset = torchvision.datasets.ImageFolder(str(folder), transform=cpu_transform())
@@ -189,9 +192,6 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
 
 
 def _run(cfg: DemoConfig) -> DemoResult:
-    import pipeline_opt as po
-    from pipeline_opt.report.html import render_tune_html
-    from pipeline_opt.report.text import before_after_table
 
     _, loader, model, step = build(cfg)
     common = {"step_fn": step, "device": cfg.device}
@@ -208,7 +208,6 @@ def _run(cfg: DemoConfig) -> DemoResult:
     out.mkdir(parents=True, exist_ok=True)
     tuned.save(out)  # tune.html/json/txt, trace.json, baseline/ (= before) and best/ (= after)
     (out / "report.html").write_text(render_tune_html(tuned.to_dict()))
-    from pipeline_opt.tune.api import samples_clause
 
     table = (f"autotune: {tuned.speedup:.2f}x over the naive loader in interleaved trials "
              f"(measured noise ±{100 * tuned.noise:.0f}%, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s); "

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt.distributed import (
+from pipeline_opt._core.distributed import (
     DistInfo,
     _group_active,
     all_gather,
@@ -36,6 +35,11 @@ from pipeline_opt.distributed import (
     rank_imbalance,
     scores_from_trials,
 )
+from pipeline_opt._core.log import get_logger
+from pipeline_opt.loading import DeviceLoader
+from pipeline_opt.loading.dataloader import TUNABLE, clone_loader
+from pipeline_opt.profile import profile
+from pipeline_opt.tune.api import tune_loader
 
 log = get_logger("distributed")
 
@@ -146,7 +150,6 @@ def profile_distributed(loader: Any, model: Any, step_fn: Any = None, *, out_dir
     (``steps`` / ``warmup`` equal on all ranks), as in training. ``profile_kwargs`` go to
     ``po.profile``; ``out_dir`` (rank 0 only writes it) receives the combined report.
     """
-    from pipeline_opt.profile import profile
 
     info = dist_info()
     report, error = None, None
@@ -175,8 +178,6 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
         return result.loader
     from torch.utils.data import DataLoader
 
-    from pipeline_opt.loading.dataloader import TUNABLE, clone_loader
-
     base = original if isinstance(original, DataLoader) else getattr(original, "loader", None)
     if not isinstance(base, DataLoader):
         raise TypeError(f"cannot rebuild a loader of type {type(original).__name__}; pass a torch DataLoader")
@@ -187,7 +188,6 @@ def _rebuild_loader(original: Any, result: Any, config: Mapping[str, Any]) -> An
     own_gpu = list(result.config.get("gpu_transforms") or [])
     agreed_gpu = list(config.get("gpu_transforms") or [])
     if config.get("shared_slots") and overrides.get("num_workers", base.num_workers) > 0:
-        from pipeline_opt.loading import DeviceLoader
 
         transform = getattr(result.loader, "transform", None) if own_gpu == agreed_gpu else None
         return DeviceLoader.through_slots(base, getattr(result.loader, "device", None), transform=transform,
@@ -217,7 +217,6 @@ def autotune_distributed(loader: Any, model: Any, step_fn: Any = None, *, out_di
     ranks agree on the configuration with the best worst-rank throughput (:func:`agree_on_config`
     semantics), every rank's loader is rebuilt with it, and rank 0 writes the combined report.
     """
-    from pipeline_opt.tune.api import tune_loader
 
     info = dist_info()
     tuned_model = _unwrap_ddp(model) if isolate_ranks else model

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("doctor")
 

@@ -12,7 +12,8 @@ import functools
 import inspect
 from typing import Any
 
-from pipeline_opt.distributed import should_coordinate
+from pipeline_opt._core.distributed import should_coordinate
+from pipeline_opt.distributed_api import autotune_distributed
 from pipeline_opt.tune.api import tune_loader
 from pipeline_opt.tune.exactness import changes_in, exactness_of
 from pipeline_opt.tune.result import TuneResult
@@ -24,7 +25,6 @@ def autotune(loader: Any, model: Any, *args: Any, **kwargs: Any) -> TuneResult:
         return tune_loader(loader, model, *args, **kwargs)
     # Inside torchrun / DDP: every rank tunes its own loader, the ranks agree on one configuration
     # and every rank's loader is rebuilt with it.
-    from pipeline_opt.distributed_api import autotune_distributed
 
     bound = inspect.signature(tune_loader).bind(loader, model, *args, **kwargs)
     named = {k: v for k, v in bound.arguments.items() if k not in ("loader", "model", "step_fn")}

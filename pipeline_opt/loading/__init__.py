@@ -4,7 +4,7 @@
   ``DeviceLoader.through_slots`` is the one way to build a loader that delivers through shared slots.
 * :mod:`~pipeline_opt.loading.decode` — draft (reduced-DCT) CPU decode and batched nvJPEG decode of
   packed encoded batches.
-* :mod:`~pipeline_opt.loading.staging` — small non-blocking host-to-device uploads through reused
+* :mod:`~pipeline_opt._core.staging` — small non-blocking host-to-device uploads through reused
   page-locked buffers.
 * :mod:`~pipeline_opt.loading.shared_slots` — workers write batches into reused, page-locked
   shared-memory slots.

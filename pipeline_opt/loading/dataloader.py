@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 __all__ = ["PERSISTENT_ITERATOR", "SHUTDOWN", "TUNABLE", "LoaderKind", "batches_per_epoch", "clone_loader",
-           "continuous", "innermost", "kind_of", "loader_config", "loaders_under", "num_workers_of",
+           "continuous", "first_batch", "innermost", "kind_of", "loader_config", "loaders_under", "num_workers_of",
            "persistent_of", "register_loader_kind", "release_workers", "shutdown_iterator"]
 
 PERSISTENT_ITERATOR = "_iterator"  # torch: where a persistent_workers loader keeps its iterator
@@ -305,6 +305,18 @@ def _held_iterators(loader: Any) -> Iterator[tuple[Any, str]]:
         for attr in (PERSISTENT_ITERATOR,) + ((kind.iterator_attr,) if kind is not None else ()):
             if getattr(dl, attr, None) is not None:
                 yield dl, attr
+
+
+def first_batch(loader: Any) -> Any:
+    """The first batch of ``loader``; its workers (if any) are stopped afterwards. A loader without
+    batches raises a ``ValueError`` saying so; the loader's own errors come through as raised."""
+    iterator = iter(loader)
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise ValueError("the loader yields no batches (empty dataset or sampler)") from None
+    finally:
+        release_workers(loader, iterator)
 
 
 def release_workers(loader: Any, iterator: Iterator | None = None) -> None:

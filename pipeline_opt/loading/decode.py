@@ -32,8 +32,9 @@ import torch
 from PIL import Image
 
 import pipeline_opt.transforms.gpu as gpu
-from pipeline_opt._device import resolve_device
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.device import resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt.loading.device_loader import DeviceLoader
 from pipeline_opt.transforms.jpeg_batch import PackedJpegs, decode_jpegs, packed_jpeg_collate, unpack_jpegs
 from pipeline_opt.transforms.registry import info_of
 
@@ -295,7 +296,6 @@ def gpu_jpeg_loader(dataset: Any, decoder: GpuJpegDecoder, *, prepare_in_thread:
     step runs as the next batch decodes (faster beyond the noise in the committed classification
     benchmarks; ``False`` decodes in the loop).
     """
-    from pipeline_opt.loading.device_loader import DeviceLoader
 
     if "collate_fn" in loader_kwargs:
         raise ValueError("gpu_jpeg_loader sets collate_fn=packed_jpeg_collate itself; do not pass one")

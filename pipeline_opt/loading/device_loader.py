@@ -7,7 +7,7 @@
 2. copies every tensor nested in tuples / lists / dicts / namedtuples to ``device``
    (``non_blocking`` — asynchronous from pinned memory),
 3. applies ``transform`` to the batch's image tensor (the one
-   :func:`pipeline_opt._step.extract_images` finds: the first tensor of a tuple / list,
+   :func:`pipeline_opt._core.step.extract_images` finds: the first tensor of a tuple / list,
    ``batch["img"]`` / ``batch["image"]``... of a dict) and puts the result back in its place.
 
 On CUDA all three run on a side stream, and the next batch is submitted before the current one is
@@ -38,10 +38,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt._device import resolve_device
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import image_key, map_leaves, move_to_device
+from pipeline_opt._core.device import resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import image_key, map_leaves, move_to_device
 from pipeline_opt.loading.dataloader import release_workers
+from pipeline_opt.loading.prepare_thread import PreparingThread
+from pipeline_opt.loading.shared_slots import ReceiveThread, slot_header, slot_loader, slot_pool_of
 
 __all__ = ["DeviceLoader", "apply_to_images"]
 
@@ -116,7 +118,6 @@ class DeviceLoader:
         """The one way to build a loader delivering through shared slots: a clone of ``loader``
         (``overrides`` applied, :func:`pipeline_opt.loading.shared_slots.slot_loader`) iterated by a
         ``DeviceLoader`` that reuses its page-locked buffers."""
-        from pipeline_opt.loading.shared_slots import slot_loader
 
         return cls(slot_loader(loader, **overrides), device=device, transform=transform, reuse_buffers=True)
 
@@ -148,7 +149,6 @@ class DeviceLoader:
             self._use_slots()
 
     def _use_slots(self) -> None:
-        from pipeline_opt.loading.shared_slots import slot_loader, slot_pool_of
 
         loader = self.loader
         if not isinstance(loader, DataLoader):
@@ -225,7 +225,6 @@ class DeviceLoader:
         return self._iter_plain()
 
     def _iter_threaded(self) -> Iterator[Any]:
-        from pipeline_opt.loading.prepare_thread import PreparingThread
 
         it = iter(self.loader)
         preparing = PreparingThread(it, self.prepare, self.device)
@@ -266,7 +265,6 @@ class DeviceLoader:
                 previous.close()
         it = iter(self.loader)
         if self._receiver is not None:
-            from pipeline_opt.loading.shared_slots import ReceiveThread
 
             it = self._receiving = ReceiveThread(it, self._receiver, prepare=_pin_small, device=self.device)
         try:
@@ -329,6 +327,5 @@ def _pin_others(batch: Any, skip: set[int]) -> Any:
 
 def _without_slots(batch: Any) -> Any:
     """``batch`` with every host tensor that lives in a shared slot replaced by a copy."""
-    from pipeline_opt.loading.shared_slots import slot_header
 
     return map_leaves(batch, torch.Tensor, lambda t: t.clone() if slot_header(t) is not None else t)

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt import transforms
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.loading.device_loader import DeviceLoader
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem, read_jpeg_header
@@ -89,9 +90,7 @@ class RandomGpuPlan:
 
     def gpu_stage(self, device: torch.device | str | None = None, then: Any = None) -> Any:
         """The :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline` for ``DeviceLoader(batch_transform=...)``."""
-        from pipeline_opt.transforms.random_gpu import RandomGpuPipeline  # needs Kornia (the gpu extra)
-
-        return RandomGpuPipeline(self.sampler(), device=device, then=then)
+        return transforms.RandomGpuPipeline(self.sampler(), device=device, then=then)  # Kornia loads here
 
     def build(self, loader: Any, device: torch.device | str, overrides: dict[str, Any] | None = None, *,
               prepare_in_thread: bool = True) -> Any:

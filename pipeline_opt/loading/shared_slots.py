@@ -50,9 +50,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import image_key, iter_leaves, map_leaves
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import image_key, iter_leaves, map_leaves
 from pipeline_opt.loading.batch_formats import StackedCollate, find_collate, stacked_collate_of
+from pipeline_opt.loading.dataloader import clone_loader, loader_config
 
 __all__ = ["ReceiveStats", "SlotCollate", "SlotPool", "SlotReceiver", "SlotRef", "SlotStats", "slot_loader"]
 
@@ -437,7 +438,6 @@ def slot_loader(loader: DataLoader, slots_per_worker: int | None = None, **overr
     releases each slot once its copy is done; iterated directly, the slots are never released and
     the workers fall back to the ordinary path after their first batches.
     """
-    from pipeline_opt.loading.dataloader import clone_loader, loader_config
 
     if not isinstance(loader, DataLoader):
         raise TypeError(f"shared slots need a torch DataLoader, got {type(loader).__name__}")

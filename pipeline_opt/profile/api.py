@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.inloop import LoopProfiler, _epoch_length, profile_loop
 from pipeline_opt.profile.install import (
@@ -69,10 +69,10 @@ def profile(
         model: the model; its parameters, buffers, gradients, modes and the RNG states are restored
             bitwise afterwards (the optimizer is never called by the default step).
         step_fn: ``step_fn(model, batch)``, the training step; default: forward + backward on the
-            batch's images (:func:`pipeline_opt._step.default_step`). On CUDA the batch's tensors are
+            batch's images (:func:`pipeline_opt._core.step.default_step`). On CUDA the batch's tensors are
             moved to the device (``non_blocking``) before the step. A step_fn that returns the loss
             without calling backward gets ``loss.backward()`` run after it. The first step is a check
-            (:func:`pipeline_opt._step.validate_step`): a model on the meta device, images of another
+            (:func:`pipeline_opt._core.step.validate_step`): a model on the meta device, images of another
             dtype or device than the model, or a step that neither runs backward nor returns a loss
             raise an error naming the value and the fix.
         steps: measured steps; warmup: steps left out first (at least ``num_workers *

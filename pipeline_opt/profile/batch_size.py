@@ -33,8 +33,16 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard, batch_size_of, default_step, move_to_device, resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import (
+    ModelStateGuard,
+    batch_size_of,
+    default_step,
+    move_to_device,
+    resolve_device,
+    tensor_bytes,
+)
+from pipeline_opt.loading.dataloader import first_batch
 from pipeline_opt.profile.memory import CudaMemory, GiB, MemoryBackend
 
 log = get_logger("profile.batch_size")
@@ -187,9 +195,6 @@ def max_batch_size(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch
         return BatchSizeAdvice(measured=False, note=f"not measured on {dev.type} (CUDA devices only)")
     memory = backend if backend is not None else CudaMemory(dev)
     step = step_fn if step_fn is not None else default_step
-    from pipeline_opt.tune.budget import tensor_bytes
-    from pipeline_opt.tune.measure import first_batch
-
     template = first_batch(loader)
     current = batch_size_of(template)
     min_slope = max(1.0, tensor_bytes(template) / max(current, 1))  # a sample's own tensors are on the device
@@ -359,7 +364,7 @@ def peak_bytes(step: Callable, model: torch.nn.Module, batch: Any, dev: torch.de
     peak to what is reserved now, cache included: without the release, a size measured after a larger
     one would read the larger one's peak. Both steps are counted (the second one's allocator state is
     the steady one, fragmentation included). The caller restores the model
-    (:class:`~pipeline_opt._step.ModelStateGuard`)."""
+    (:class:`~pipeline_opt._core.step.ModelStateGuard`)."""
     try:
         batch = move_to_device(batch, dev) if dev.type == "cuda" else batch
         _release(memory, dev)

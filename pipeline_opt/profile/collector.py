@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.profile import workers
 from pipeline_opt.profile.report import WorkerStats
 

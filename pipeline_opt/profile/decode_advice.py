@@ -14,7 +14,7 @@ import math
 import random
 from typing import Any
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("profile.decode_advice")
 

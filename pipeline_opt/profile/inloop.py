@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import resolve_device
 from pipeline_opt.loading.dataloader import release_workers
 from pipeline_opt.profile.assemble import build_report
 from pipeline_opt.profile.install import (

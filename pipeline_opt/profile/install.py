@@ -20,6 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline_opt.loading.dataloader import clone_loader, loader_config
+from pipeline_opt.loading.device_loader import DeviceLoader
+from pipeline_opt.loading.shared_slots import SlotCollate, with_own_pool
 from pipeline_opt.profile import workers
 from pipeline_opt.profile.collector import WorkerCollector
 
@@ -39,11 +41,7 @@ def unwrap_loader(loader: Any) -> tuple[DataLoader, Callable[[DataLoader], Any]]
 
 def _rewrap(outer: Any, clone: DataLoader) -> Any:
     """A wrapper like ``outer`` (same device / transform) around ``clone``."""
-    try:
-        from pipeline_opt.loading.device_loader import DeviceLoader
-    except ImportError:  # pragma: no cover - the package always ships it
-        DeviceLoader = None  # noqa: N806
-    if DeviceLoader is not None and type(outer) is DeviceLoader:
+    if type(outer) is DeviceLoader:
         params = inspect.signature(DeviceLoader).parameters
         if params:  # every constructor argument the wrapper exposes as an attribute (device, transform...)
             kwargs = {k: getattr(outer, k) for k in list(params)[1:] if hasattr(outer, k)}
@@ -59,8 +57,6 @@ def _rewrap(outer: Any, clone: DataLoader) -> Any:
 def _own_slots(loader: DataLoader) -> Any:
     """``loader``'s collate function; a shared-slots one with a pool of its own, so the profiled
     clone's workers deliver through slots as the original's do without sharing theirs."""
-    from pipeline_opt.loading.shared_slots import SlotCollate, with_own_pool
-
     collate = loader.collate_fn
     if isinstance(collate, SlotCollate):
         return with_own_pool(collate, loader.multiprocessing_context)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
-from pipeline_opt._step import batch_size_of
+from pipeline_opt._core.step import batch_size_of
 
 
 def _fresh(batch: Any) -> Any:

@@ -45,15 +45,15 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, schedule
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._sched import thread_sched
-from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.progress import progress_bar
+from pipeline_opt._core.sched import thread_sched
+from pipeline_opt._core.step import batch_size_of, move_to_device
 from pipeline_opt.loading.dataloader import release_workers
 from pipeline_opt.profile import trace as trace_mod
 from pipeline_opt.profile.diagnosis import is_sync_op
 from pipeline_opt.profile.memory import MemoryMeter
 from pipeline_opt.profile.report import OpStat, StepRecord
-from pipeline_opt.report.progress import progress_bar
 
 log = get_logger("profile.main")
 

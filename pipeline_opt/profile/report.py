@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline_opt._core.render import render
+
 BOTTLENECKS = ("data", "compute", "launch", "sync", "balanced")
 
 
@@ -106,9 +108,7 @@ class ProfileReport:
 
     def table(self) -> str:
         """The human-readable summary (also written as summary.txt)."""
-        from pipeline_opt.report.text import profile_table
-
-        text = profile_table(self)
+        text = render("profile_table", self)
         if self.memory is not None:
             text += "\n\n" + "\n".join(self.memory.lines())
         if self.validation is not None:
@@ -123,14 +123,12 @@ class ProfileReport:
 
     def save(self, directory: str | Path) -> Path:
         """Write report.json, summary.txt, trace.json and report.html into ``directory``."""
-        from pipeline_opt.report.html import render_profile_html
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / "report.json").write_text(json.dumps(self.to_dict(), indent=2))
         (d / "summary.txt").write_text(self.table() + "\n")
         (d / "trace.json").write_text(json.dumps(self.trace()))
-        (d / "report.html").write_text(render_profile_html(self.to_dict()))
+        (d / "report.html").write_text(render("profile_html", self.to_dict()))
         return d
 
 

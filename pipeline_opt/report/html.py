@@ -21,9 +21,10 @@ from pipeline_opt.report.text import (
     group_workers,
     limit_unreliable,
     transform_names,
-    trial_spread,
     workers_title,
 )
+from pipeline_opt.tune.exactness import PixelChange
+from pipeline_opt.tune.result import trial_spread
 
 DATA_WAIT_COLOR = "#e4572e"
 H2D_COLOR = "#f2b705"
@@ -294,7 +295,6 @@ SPEEDUP_NOTE = ("Speedup: the pooled median throughput of the chosen settings ov
 def _samples_section(d: Mapping[str, Any]) -> str:
     """Whether the tuned loader's samples are bit-for-bit the original ones; each change that is
     not, with its measured mean and max error (1/255 units)."""
-    from pipeline_opt.tune.exactness import PixelChange
 
     exactness = d.get("exactness")
     if exactness is None:

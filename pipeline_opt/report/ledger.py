@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.grid import grid
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("ledger")
 
@@ -228,7 +229,6 @@ def compare(a: Sequence[LedgerRow], b: Sequence[LedgerRow]) -> list[Comparison]:
 
 def comparison_table(comparisons: Sequence[Comparison], a_name: str = "A", b_name: str = "B") -> str:
     """Text table of :func:`compare`'s output; regressions are marked ``REGRESSED``."""
-    from pipeline_opt.report.grid import grid
 
     if not comparisons:
         return "no configuration was measured in both"

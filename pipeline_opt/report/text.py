@@ -10,7 +10,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline_opt.report.grid import grid
+from pipeline_opt._core.grid import grid
+from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, DECODE_MEAN_ERROR, PixelChange
+from pipeline_opt.tune.result import trial_spread
 
 _MS = 1e3
 _MB = 1 / (1024 * 1024)
@@ -268,7 +270,6 @@ def pixel_change_lines(d: Mapping[str, Any]) -> list[str]:
     """What the tuned loader does to the samples (a ``TuneResult`` or its dict): the first line says
     whether they are bit-for-bit the original ones, then one line per change that is not, with its
     measured mean and max error in 1/255 units. Empty for results that predate the field."""
-    from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, DECODE_MEAN_ERROR, PixelChange
 
     exactness = d.get("exactness")
     if exactness is None:
@@ -288,16 +289,6 @@ def pixel_change_lines(d: Mapping[str, Any]) -> list[str]:
                      f"{DECODE_MAX_ERROR:g}/255 on your images")
     lines.append("  for bit-identical samples: autotune(..., exact=True) or pipeline-opt tune --exact")
     return lines
-
-
-def trial_spread(trial: Mapping[str, Any]) -> str:
-    """``±12%``: the spread of a trial's steady-state windows; ``-`` when fewer than two of its
-    windows were steady (the others held a worker start-up) or it measured none."""
-    windows = trial.get("windows") or ()
-    steady = len(windows) - len(trial.get("startup_windows") or ())
-    if windows and steady < 2:
-        return "-"
-    return f"±{100 * float(trial.get('spread') or 0.0):.0f}%"
 
 
 def tune_table(result: Any) -> str:

@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline_opt._step import to_device_async
-from pipeline_opt._threads import single_intra_op_thread
+from pipeline_opt._core.step import to_device_async
+from pipeline_opt._core.threads import single_intra_op_thread
 from pipeline_opt.transforms.boxes import BatchBoxes, box_candidates, clip_xyxy
 from pipeline_opt.transforms.fused import fused_available, hsv_flip
 
@@ -442,7 +442,7 @@ def _warp(images: torch.Tensor, params: AffineParams, fill: float) -> torch.Tens
     b, _, h_in, w_in = images.shape
     h_out, w_out = params.output_size
     device = images.device
-    with single_intra_op_thread():  # a batch of 3x3 inverses: no thread pool (see pipeline_opt._threads)
+    with single_intra_op_thread():  # a batch of 3x3 inverses: no thread pool (see pipeline_opt._core.threads)
         inv = torch.linalg.inv(params.matrix.to(torch.float64)).to(torch.float32)
     inv = to_device_async(inv, device)
     xs = torch.arange(w_out, device=device, dtype=torch.float32).view(1, 1, w_out)
@@ -552,7 +552,7 @@ class RandomPerspective(_RandomBatchAugment):
         out_size = self.output_size or (int(size[0]), int(size[1]))
         draw = self._uniform
         n = batch_size
-        with single_intra_op_thread():  # (B,)-sized CPU tensors: no thread pool (see pipeline_opt._threads)
+        with single_intra_op_thread():  # (B,)-sized CPU tensors: no thread pool (see pipeline_opt._core.threads)
             px, py = draw(-self.perspective, self.perspective, n), draw(-self.perspective, self.perspective, n)
             angle = draw(-self.degrees, self.degrees, n)
             scale = draw(*self.scale_range, n)

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import to_device_async
-from pipeline_opt._threads import single_intra_op_thread
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import to_device_async
+from pipeline_opt._core.threads import single_intra_op_thread
 from pipeline_opt.transforms.augment import (
     FlipParams,
     HSVParams,
@@ -194,7 +194,7 @@ class DetectionGPUAugment(nn.Module):
             img, boxes = self.affine(img, boxes)
         n = img.shape[0]
         # the draws in ultralytics' order (HSV, vertical flip, horizontal flip), then one pass
-        with single_intra_op_thread():  # small CPU tensors: no thread pool (see pipeline_opt._threads)
+        with single_intra_op_thread():  # small CPU tensors: no thread pool (see pipeline_opt._core.threads)
             hsv, ud, lr = self.hsv.sample_params(n), self.flipud.sample_params(n), self.fliplr.sample_params(n)
         img = self._colour_and_flips(img, hsv, ud, lr)
         with single_intra_op_thread():

@@ -26,8 +26,8 @@ import os
 import numpy as np
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import to_device_async
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import to_device_async
 
 log = get_logger("transforms.fused")
 
@@ -84,7 +84,7 @@ def _params(luts: torch.Tensor | None, flip_ud: torch.Tensor | None, flip_lr: to
 
     Built with numpy: torch's CPU fill / copy of a block this size (> 32,768 elements) would run
     on the intra-op thread pool, which waits for descheduled threads while loader workers keep
-    the cores busy (see :mod:`pipeline_opt.loading.staging`)."""
+    the cores busy (see :mod:`pipeline_opt._core.staging`)."""
     out = np.zeros((batch, _PARAM_STRIDE), dtype=np.uint8)
     if luts is not None:
         out[:, :768] = luts.to("cpu", torch.uint8).reshape(batch, 768).numpy()

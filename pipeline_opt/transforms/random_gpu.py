@@ -54,7 +54,7 @@ except ImportError:  # pragma: no cover - a Kornia without the marker computes t
     def _input_metadata_only(method):
         return method
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms import replay_kernels as K
 from pipeline_opt.transforms.jpeg_batch import decode_jpegs, unpack_jpegs

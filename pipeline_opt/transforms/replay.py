@@ -36,7 +36,7 @@ import torch
 import torchvision.transforms as T1
 import torchvision.transforms.v2 as T2
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import gpu, registry
 from pipeline_opt.transforms.jpeg_batch import packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header

@@ -19,6 +19,7 @@ images times 255, normalised images times ``255 * std``. This is the "measured-e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,8 +28,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline_opt._logging import get_logger
+import pipeline_opt.transforms as transforms_package
+from pipeline_opt._core.grid import grid
+from pipeline_opt._core.log import get_logger
+from pipeline_opt.datasets import make_image_folder
 from pipeline_opt.transforms.jpeg_batch import decode_jpegs
+from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
 
 __all__ = ["ReplayParity", "StepError", "main", "measure_replay_error", "standard_pipelines"]
 
@@ -67,8 +72,6 @@ class ReplayParity:
 
     def table(self) -> str:
         """A text table: one row per step (isolated and cumulative mean / max in levels)."""
-        from pipeline_opt.report.grid import grid
-
         rows = [["decode", "-", "-", "-", f"{self.decode_mean:.3f}", f"{self.decode_max:.0f}"]]
         rows += [[s.name, s.flavour, f"{s.isolated_mean:.3f}", f"{s.isolated_max:.3f}", f"{s.cumulative_mean:.3f}",
                   f"{s.cumulative_max:.3f}"] for s in self.steps]
@@ -116,9 +119,6 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     ``dataset`` is an ImageFolder-like dataset of JPEG files (``.samples``, ``.transform``, the
     default loader). The torch RNG state is saved and restored around the measurement.
     """
-    from pipeline_opt.transforms.random_gpu import RandomGpuPipeline, _Replay, replay_module
-    from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
-
     replay = ReplayDataset.from_image_folder(dataset, same_distribution=True)
     if not replay.sampler.same_draws:
         raise ValueError("the pipeline has a same-distribution step (a random policy): its draws differ from the "
@@ -128,8 +128,8 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     if not picked:
         raise ValueError(f"n={n!r} picks no image; give n >= 1")
     steps = replay.sampler.steps
-    modules = [replay_module(s) for s in steps]
-    pipeline = RandomGpuPipeline(replay.sampler, device=device)
+    modules = [transforms_package.replay_module(s) for s in steps]  # Kornia loads here
+    pipeline = transforms_package.RandomGpuPipeline(replay.sampler, device=device)
     device = pipeline.device
     saved = torch.get_rng_state()
     try:
@@ -168,7 +168,7 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
             for inp in (cpu_in, x):
                 if module is None:
                     outs.append(inp)
-                elif isinstance(module, _Replay):
+                elif hasattr(module, "replay_single"):  # a Replay* augmentation: given this sample's row
                     outs.append(module.replay_single(inp, module.replay_params(row, patches, shape=inp.shape)))
                 else:
                     outs.append(module(inp))
@@ -222,7 +222,6 @@ def timed_call(fn: Any, device: torch.device, repeats: int) -> tuple[float, floa
     """(median seconds, median host CPU seconds of the calling thread) of ``fn()`` over ``repeats``
     calls after one untimed call; on CUDA the seconds are CUDA events around the call. The host CPU
     time is what a preparing thread would hold (much of it under the GIL) beside the training loop."""
-    import time
 
     walls, hosts = [], []
     for i in range(repeats + 1):
@@ -249,13 +248,8 @@ def _time_stage(dataset: Any, device: torch.device, batch_size: int,
                 repeats: int) -> tuple[float, float, float]:
     """(median seconds per batch of the device stage, median host CPU seconds per batch, median
     seconds per image of the CPU pipeline on one thread)."""
-    import time
-
-    from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
-    from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
-
     replay = ReplayDataset.from_image_folder(dataset)
-    stage = RandomGpuPipeline(replay.sampler, device=device)
+    stage = transforms_package.RandomGpuPipeline(replay.sampler, device=device)
     batch = replay_collate([replay[i % len(replay)] for i in range(batch_size)])
     per_batch, host = timed_call(lambda: stage(batch), device, repeats)
     cpu = []
@@ -274,8 +268,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import tempfile
 
     from torchvision.datasets import ImageFolder
-
-    from pipeline_opt.datasets import make_image_folder
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

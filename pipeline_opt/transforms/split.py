@@ -39,9 +39,11 @@ import torchvision.transforms as T1
 import torchvision.transforms.v2 as T2
 from torchvision.datasets.vision import StandardTransform
 
-from pipeline_opt._logging import get_logger
+import pipeline_opt.transforms as transforms_package
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import registry
 from pipeline_opt.transforms.cpu_ops import ToUint8CHW
+from pipeline_opt.transforms.replay import ReplaySampler
 
 __all__ = ["GpuPipeline", "ToUint8CHW", "offload_dataset_transform", "replace_transform", "split_random_transforms",
            "split_transforms"]
@@ -190,11 +192,8 @@ def split_random_transforms(compose: Any, then: Callable[[torch.Tensor], torch.T
     the transform that cannot be replayed, and ``ImportError`` (``pip install 'pipeline-opt[gpu]'``)
     when Kornia is missing. Deterministic pipelines keep using :func:`split_transforms`.
     """
-    from pipeline_opt.transforms.random_gpu import RandomGpuPipeline
-    from pipeline_opt.transforms.replay import ReplaySampler
-
     sampler = ReplaySampler.from_compose(compose, same_distribution=same_distribution)
-    gpu_part = RandomGpuPipeline(sampler, device=device, then=then)
+    gpu_part = transforms_package.RandomGpuPipeline(sampler, device=device, then=then)  # Kornia loads here
     log.info("split_random_transforms: replaying %s on %s", [s.name for s in sampler.steps], gpu_part.device)
     return sampler, gpu_part
 

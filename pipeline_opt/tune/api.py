@@ -36,12 +36,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import CheckedStep, ModelStateGuard, resolve_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.progress import progress_bar
+from pipeline_opt._core.step import CheckedStep, ModelStateGuard, resolve_device
 from pipeline_opt.loading.random_plan import RandomGpuPlan, plan_random_gpu_pipeline
+from pipeline_opt.profile import api as profile_api
+from pipeline_opt.profile.install import describe_loader
 from pipeline_opt.profile.report import ProfileReport
-from pipeline_opt.report.progress import progress_bar
-from pipeline_opt.report.text import trial_spread
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.ab import MIN_GAIN
 from pipeline_opt.tune.budget import ResourceBudget, probe_batch, probe_budget
@@ -67,7 +68,7 @@ from pipeline_opt.tune.exactness import (
 from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS, plan_nvjpeg_decode
 from pipeline_opt.tune.measure import Measurement
 from pipeline_opt.tune.offload import plan_draft_decode, plan_gpu_offload
-from pipeline_opt.tune.result import Trial, TuneResult
+from pipeline_opt.tune.result import Trial, TuneResult, trial_spread
 from pipeline_opt.tune.search import BaselineFailed, Search
 from pipeline_opt.tune.trial import TrialRunner
 
@@ -151,7 +152,7 @@ def tune_loader(
     dev = resolve_device(model, device)
     step = CheckedStep(step_fn, dev)  # validated on the probe's batch, before any measurement
     if profiler is None:
-        from pipeline_opt.profile import profile as profiler
+        profiler = profile_api.profile
     deadline = t_start + float(time_budget_s)
     bar = progress_bar(None, desc="autotune", enabled=progress)
     try:
@@ -553,7 +554,6 @@ def _check_baseline(baseline: Any, loader: DataLoader) -> None:
     if not isinstance(baseline, ProfileReport):
         raise TypeError(f"baseline must be the ProfileReport that po.profile returned for this loader, got "
                         f"{type(baseline).__name__}")
-    from pipeline_opt.profile.install import describe_loader
 
     now = describe_loader(loader)
     differ = [f"{k}={baseline.loader_config.get(k)!r} in the report, {now.get(k)!r} now" for k in BASELINE_KEYS

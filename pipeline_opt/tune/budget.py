@@ -29,16 +29,18 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._sched import thread_sched
-from pipeline_opt._step import iter_leaves
+from pipeline_opt._core import distributed
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.sched import thread_sched
+from pipeline_opt._core.step import iter_leaves, tensor_bytes
+from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.profile.cpu_share import reserved_cpus
 
 log = get_logger("tune.budget")
@@ -177,9 +179,7 @@ def affinity_cpus() -> int:
 
 def local_world_size() -> int:
     """Processes of this job on this host (torchrun's LOCAL_WORLD_SIZE, or the process group's size)."""
-    from pipeline_opt.distributed import local_world_size as ranks_on_this_host
-
-    return ranks_on_this_host()
+    return distributed.local_world_size()
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
@@ -188,17 +188,6 @@ def shm_free_bytes(path: str = "/dev/shm") -> int | None:
         return int(shutil.disk_usage(path).free)
     except OSError:
         return None
-
-
-def tensor_bytes(batch: Any) -> int:
-    """Bytes of every tensor nested in ``batch`` (what crosses the worker -> main process boundary)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    if isinstance(batch, Mapping):
-        return sum(tensor_bytes(v) for v in batch.values())
-    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        return sum(tensor_bytes(v) for v in batch)
-    return 0
 
 
 @dataclass(frozen=True)
@@ -222,9 +211,8 @@ def probe_batch(loader: Any, check: Callable[[Any], None] | None = None) -> Batc
     """Produce one batch of ``loader`` in this process (a 0-worker clone) and time it; None on error.
 
     ``check(batch)`` then runs on that batch (the front door's step validation,
-    :class:`pipeline_opt._step.CheckedStep`); its errors propagate, the loader's do not (the
+    :class:`pipeline_opt._core.step.CheckedStep`); its errors propagate, the loader's do not (the
     baseline measurement surfaces those with context)."""
-    from pipeline_opt.loading.dataloader import clone_loader
 
     try:
         clone = clone_loader(loader, num_workers=0)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from pipeline_opt.loading import DeviceLoader
 from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.tune.candidates import LoaderConfig
 from pipeline_opt.tune.gpu_decode import NvjpegDecode
@@ -52,13 +53,11 @@ class CandidateBuilder:
         if gpu is not None or draft is not None:
             overrides["dataset"] = variant_dataset(self.loader.dataset, gpu, draft)
         if cfg.shared_slots:
-            from pipeline_opt.loading import DeviceLoader
 
             return DeviceLoader.through_slots(self.loader, self.device,
                                               transform=None if gpu is None else gpu.gpu_transform, **overrides)
         clone = clone_loader(self.loader, **overrides)
         if gpu is None:
             return clone
-        from pipeline_opt.loading import DeviceLoader
 
         return DeviceLoader(clone, device=self.device, transform=gpu.gpu_transform)

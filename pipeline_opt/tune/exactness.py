@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.loading.decode import (
     EncodedJpegDataset,
     GpuJpegDecoder,

@@ -14,7 +14,7 @@ Every trial ends with its worker processes shut down; a worker that died or
 hung (the trial loader carries a DataLoader ``timeout``) fails the trial with a
 :class:`TrialFailed` instead of hanging the tuner. A window that still holds a restart's
 refill is marked (``Measurement.startup_windows``) and left out of the noise estimate. The caller
-protects the model's state (:class:`pipeline_opt._step.ModelStateGuard`); nothing here touches an
+protects the model's state (:class:`pipeline_opt._core.step.ModelStateGuard`); nothing here touches an
 optimizer.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 import psutil
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import batch_size_of, move_to_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import batch_size_of, move_to_device
 from pipeline_opt.loading.dataloader import (
     batches_per_epoch,
     continuous,

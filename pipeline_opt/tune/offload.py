@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.loading import decode
 from pipeline_opt.transforms.jpeg_header import JPEG_SUFFIXES
 from pipeline_opt.transforms.registry import device_exactness, info_of

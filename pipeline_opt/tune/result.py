@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline_opt._core.render import render
 from pipeline_opt.profile.report import ProfileReport, _plain
 from pipeline_opt.tune.exactness import REPLAY_NAME, PixelChange
 
@@ -117,21 +119,28 @@ class TuneResult:
         return json.loads(json.dumps(_plain(out)))
 
     def table(self) -> str:
-        from pipeline_opt.report.text import tune_table
-
-        return tune_table(self)
+        """Every trial, its throughput and spread, and why it was kept or not (also written as tune.txt)."""
+        return render("tune_table", self)
 
     def save(self, directory: str | Path) -> Path:
         """Write tune.json, tune.txt, tune.html, and the baseline/ and best/ profile reports."""
-        from pipeline_opt.report.html import render_tune_html
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / "tune.json").write_text(json.dumps(self.to_dict(), indent=2))
         (d / "tune.txt").write_text(self.table() + "\n")
         self.baseline.save(d / "baseline")
         self.best.save(d / "best")
-        (d / "tune.html").write_text(render_tune_html(self.to_dict()))
+        (d / "tune.html").write_text(render("tune_html", self.to_dict()))
         # the best trial's merged trace at the top level, for a one-click look
         (d / "trace.json").write_text((d / "best" / "trace.json").read_text())
         return d
+
+
+def trial_spread(trial: Mapping[str, Any]) -> str:
+    """``±12%``: the spread of a trial's steady-state windows; ``-`` when fewer than two of its
+    windows were steady (the others held a worker start-up) or it measured none."""
+    windows = trial.get("windows") or ()
+    steady = len(windows) - len(trial.get("startup_windows") or ())
+    if windows and steady < 2:
+        return "-"
+    return f"±{100 * float(trial.get('spread') or 0.0):.0f}%"

@@ -58,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.tune.ab import MIN_GAIN, _pct, accept, clear_win, judge, repeat_noise
 from pipeline_opt.tune.budget import ResourceBudget
 from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours, workers_to_keep_up

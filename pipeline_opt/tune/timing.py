@@ -26,6 +26,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline_opt.loading.shared_slots import DEFAULT_EXTRA_SLOTS
+
 SPAWN_S = 0.3  # fixed cost of starting a worker pool (fork + first imports)
 SPAWN_PER_WORKER_S = 0.05
 SHUTDOWN_PER_WORKER_S = 0.02
@@ -54,7 +56,6 @@ def slot_first_use_batches(num_workers: int, prefetch_factor: int | None) -> int
     trial can fall entirely within that first use and read the slots slower than the same loader
     without them, while after a warm-up the same slots read faster.
     """
-    from pipeline_opt.loading.shared_slots import DEFAULT_EXTRA_SLOTS
 
     workers = max(0, int(num_workers))
     return workers * (int(prefetch_factor or 2) + DEFAULT_EXTRA_SLOTS)

@@ -41,7 +41,7 @@ def tiny_model() -> torch.nn.Module:
 
 def main(argv: list[str]) -> int:
     import pipeline_opt as po
-    from pipeline_opt.distributed import dist_info
+    from pipeline_opt._core.distributed import dist_info
     from pipeline_opt.distributed_api import autotune_distributed, profile_distributed
     from pipeline_opt.loading.dataloader import loader_config
 

@@ -41,7 +41,7 @@ def collectives_rank(rank: int, world_size: int, port: int, out_dir: str) -> Non
     """dist_info / agree_on_config / gather_reports / is_main_process on one rank; results to JSON."""
     import torch.distributed as dist
 
-    from pipeline_opt.distributed import (
+    from pipeline_opt._core.distributed import (
         agree_on_config,
         config_key,
         dist_info,

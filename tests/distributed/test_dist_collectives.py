@@ -1,4 +1,4 @@
-"""The collectives of pipeline_opt.distributed on a real 2-rank gloo process group (torch.multiprocessing)."""
+"""The collectives of pipeline_opt._core.distributed on a real 2-rank gloo process group (torch.multiprocessing)."""
 
 from __future__ import annotations
 

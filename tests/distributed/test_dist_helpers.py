@@ -1,4 +1,4 @@
-"""Pure helpers of pipeline_opt.distributed: no process group needed."""
+"""Pure helpers of pipeline_opt._core.distributed: no process group needed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline_opt.distributed import (
+from pipeline_opt._core.distributed import (
     agree_on_config,
     choose_config,
     config_key,

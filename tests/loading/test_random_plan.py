@@ -108,7 +108,8 @@ import sys
 sys.modules["kornia"] = None
 import pipeline_opt
 from pipeline_opt.transforms import *
-from pipeline_opt.transforms import plan_random_gpu_pipeline, split_random_transforms
+from pipeline_opt.loading import plan_random_gpu_pipeline
+from pipeline_opt.transforms import split_random_transforms
 from torchvision.datasets import ImageFolder
 import torchvision.transforms as T1
 ds = ImageFolder({str(folder)!r}, transform=T1.Compose([T1.RandomResizedCrop(32), T1.ToTensor()]))

@@ -20,7 +20,7 @@ from tune_fixtures import (
 )
 
 import pipeline_opt as po
-from pipeline_opt._step import default_step
+from pipeline_opt._core.step import default_step
 from pipeline_opt.tune.budget import affinity_cpus
 from pipeline_opt.tune.measure import live_children, measure_throughput
 

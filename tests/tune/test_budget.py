@@ -7,7 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 from tune_fixtures import CPUBound, SlowIO, tiny_model
 
-from pipeline_opt.tune.budget import affinity_cpus, compute_budget, probe_batch, probe_budget, tensor_bytes
+from pipeline_opt._core.step import tensor_bytes
+from pipeline_opt.tune.budget import affinity_cpus, compute_budget, probe_batch, probe_budget
 
 GIB = 2**30
 MIB = 2**20

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 from tune_fixtures import Fast, SlowIO, slow_worker_start, tiny_model
 
-from pipeline_opt._step import default_step
+from pipeline_opt._core.step import default_step
 from pipeline_opt.tune.measure import (
     TrialFailed,
     WindowTiming,

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from tune_fixtures import Fast, tiny_model
 
-from pipeline_opt._step import default_step
+from pipeline_opt._core.step import default_step
 from pipeline_opt.tune.api import _profile_measurement
 from pipeline_opt.tune.budget import compute_budget
 from pipeline_opt.tune.candidates import LoaderConfig

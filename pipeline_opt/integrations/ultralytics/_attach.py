@@ -6,7 +6,7 @@ import os
 import warnings
 from typing import Any
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
 from pipeline_opt.integrations.ultralytics._internals import support_problem
 

@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
 from pipeline_opt.integrations.ultralytics._protocol import RANDOM_HSV, RANDOM_PERSPECTIVE
 from pipeline_opt.integrations.ultralytics._step import images_to_device
 from pipeline_opt.integrations.ultralytics._walk import iter_transforms
+from pipeline_opt.transforms.detection import DetectionGPUAugment
 
 log = get_logger("integrations.ultralytics")
 
@@ -197,7 +198,6 @@ class GpuAugmentedPreprocess:
 
 def build_gpu_augment(hyp: Any, *, affine: bool = False, device: torch.device | str = "cpu") -> torch.nn.Module:
     """:class:`DetectionGPUAugment` from ultralytics hyperparameters (``affine=False``: colour + flips)."""
-    from pipeline_opt.transforms.detection import DetectionGPUAugment
 
     return DetectionGPUAugment.from_hyp(hyp, affine=affine).to(device)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.integrations.ultralytics._augment import (
     GpuAugmentedPreprocess,
     active_cpu_stages,

@@ -15,9 +15,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline_opt._logging import enable_console_logging, get_logger
+from pipeline_opt._core.log import enable_console_logging, get_logger
+from pipeline_opt.datasets import make_yolo_dataset
 from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._pipeline import build_yolo_pipeline, profile_yolo, tune_yolo
 from pipeline_opt.integrations.ultralytics._step import AMP_CHOICES
+from pipeline_opt.report.text import before_after_table
 
 log = get_logger("integrations.ultralytics")
 
@@ -70,12 +73,9 @@ def _validate(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> dict:
     """Profile before, tune, profile after; returns the summary written to ``--out``."""
     prepare_offline_env()
-    from pipeline_opt.integrations.ultralytics._pipeline import build_yolo_pipeline, profile_yolo, tune_yolo
-    from pipeline_opt.report.text import before_after_table
 
     data = args.data
     if data is None:
-        from pipeline_opt.datasets import make_yolo_dataset
 
         data = str(make_yolo_dataset(n_train=args.synthetic_images, n_val=max(4, args.synthetic_images // 8)))
         _out(f"no --data given: using the synthetic detection set {data}")

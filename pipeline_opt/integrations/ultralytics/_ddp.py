@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt.distributed import _group_active, all_gather, dist_info, gather_reports
+from pipeline_opt._core.distributed import _group_active, all_gather, dist_info, gather_reports
+from pipeline_opt._core.log import get_logger
+from pipeline_opt.distributed_api import _rank_payload, write_combined_report
 
 log = get_logger("integrations.ultralytics")
 
@@ -72,7 +73,6 @@ def write_combined_profile(report: Any, root: Path, rank: int) -> Path | None:
     A collective: call it on every rank at the same step. Rank 0 also saves its own full report to
     ``root/rank_0``; it returns the directory there and None on the other ranks.
     """
-    from pipeline_opt.distributed_api import _rank_payload, write_combined_report
 
     payloads = gather_reports(_rank_payload(dist_info(), report))
     if payloads is None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import ModelStateGuard
 from pipeline_opt.integrations.ultralytics._augment import (
     DisabledStages,
     disable_cpu_augment,

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("integrations.ultralytics")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._device import resolve_device
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.device import resolve_device
+from pipeline_opt._core.log import get_logger
 from pipeline_opt.integrations.ultralytics._augment import build_gpu_augment
 from pipeline_opt.integrations.ultralytics._decide import (
     AugmentDecision,
@@ -29,6 +29,7 @@ from pipeline_opt.integrations.ultralytics._decide import (
 from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
 from pipeline_opt.integrations.ultralytics._step import AMP_CHOICES, YoloStep, default_amp
 from pipeline_opt.integrations.ultralytics._tune import tune_loader
+from pipeline_opt.profile import profile
 from pipeline_opt.tune.result import TuneResult
 
 log = get_logger("integrations.ultralytics")
@@ -186,7 +187,6 @@ def _check_pipeline(pipeline: Any) -> None:
 
 def profile_yolo(pipeline: YoloPipeline, steps: int = 30, warmup: int = 5, loader: Any = None, **kwargs: Any) -> Any:
     """:func:`pipeline_opt.profile` of the pipeline's loader (or ``loader``) with its real step."""
-    from pipeline_opt.profile import profile
 
     _check_pipeline(pipeline)
     return profile(pipeline.loader if loader is None else loader, pipeline.model, step_fn=pipeline.step_fn,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._step import move_to_device
+from pipeline_opt._core.step import move_to_device
 
 AMP_CHOICES = ("bf16", "fp16", "fp32")
 

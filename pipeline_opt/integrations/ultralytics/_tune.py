@@ -18,9 +18,12 @@ from typing import Any
 
 import torch
 
-from pipeline_opt._logging import get_logger
-from pipeline_opt._step import ModelStateGuard
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.step import ModelStateGuard
+from pipeline_opt.front_doors import autotune
+from pipeline_opt.loading import DeviceLoader
 from pipeline_opt.loading.dataloader import clone_loader, loader_config
+from pipeline_opt.loading.shared_slots import slot_collate_of
 
 log = get_logger("integrations.ultralytics")
 
@@ -38,7 +41,6 @@ def plain_loader_of(loader: Any) -> Any:
     on CUDA, as the slots were). Never iterated here: it starts no workers."""
     if not delivers_through_slots(loader):
         return loader
-    from pipeline_opt.loading.shared_slots import slot_collate_of
 
     inner = loader.loader
     return clone_loader(inner, collate_fn=slot_collate_of(inner).collate_fn,
@@ -60,7 +62,6 @@ def device_notes(device: torch.device, loader: Any) -> list[str]:
 def tune_loader(loader: Any, model: torch.nn.Module, step_fn: Callable[[torch.nn.Module, Any], Any],
                 device: torch.device, time_budget_s: float, **autotune_kwargs: Any) -> Any:
     """:func:`pipeline_opt.autotune` on ``loader`` with ``step_fn``; the model is restored bitwise after."""
-    from pipeline_opt.front_doors import autotune
 
     if not isinstance(time_budget_s, (int, float)) or time_budget_s <= 0:
         raise ValueError(f"time_budget_s={time_budget_s!r} must be a positive number of seconds")
@@ -104,7 +105,6 @@ def rebuild_loader(loader: Any, config: dict[str, Any], device: torch.device | s
         return clone_loader(base, **overrides)
     if device is None:
         raise ValueError("shared_slots=True needs the device the batches go to; pass device=")
-    from pipeline_opt.loading import DeviceLoader
 
     return DeviceLoader.through_slots(base, device, **overrides)
 

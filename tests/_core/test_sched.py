@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline_opt._sched import thread_sched
+from pipeline_opt._core.sched import thread_sched
 
 
 def test_run_and_wait_seconds_are_read_from_the_file(tmp_path):

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline_opt._device import resolve_device as resolve_any_device
-from pipeline_opt._logging import get_logger
-from pipeline_opt.loading.staging import staging_for
+from pipeline_opt._core.device import resolve_device as resolve_any_device
+from pipeline_opt._core.log import get_logger
+from pipeline_opt._core.staging import staging_for
 
 log = get_logger("step")
 
@@ -173,6 +173,11 @@ def iter_leaves(batch: Any, kind: type | tuple[type, ...] = torch.Tensor) -> Ite
             yield from iter_leaves(value, kind)
 
 
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of every tensor nested in ``batch`` (what crosses the worker -> main process boundary)."""
+    return sum(t.element_size() * t.nelement() for t in iter_leaves(batch, torch.Tensor))
+
+
 def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = True) -> Any:
     """Copy every tensor nested in ``batch`` (tuples, lists, dicts, namedtuples) to ``device``."""
     return map_leaves(batch, torch.Tensor, lambda t: t.to(device, non_blocking=non_blocking))
@@ -180,7 +185,7 @@ def move_to_device(batch: Any, device: torch.device | str, non_blocking: bool = 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` without making the host wait: a pageable CPU tensor goes through a
-    reused page-locked buffer (:mod:`pipeline_opt.loading.staging`), then is copied without blocking (a
+    reused page-locked buffer (:mod:`pipeline_opt._core.staging`), then is copied without blocking (a
     copy from pageable memory waits for the device's queue)."""
     if t.device == device:
         return t
@@ -203,7 +208,7 @@ def batch_size_of(batch: Any) -> int:
 
 
 def resolve_device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
-    """The device to run on: ``device`` if given (resolved by :func:`pipeline_opt._device.resolve_device`,
+    """The device to run on: ``device`` if given (resolved by :func:`pipeline_opt._core.device.resolve_device`,
     validated against the model), else the model's.
 
     A model on the meta device is refused first (:func:`check_model`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("progress")
 

@@ -1,4 +1,4 @@
-"""pipeline_opt.loading.staging: uploads through a ring of reused page-locked buffers."""
+"""pipeline_opt._core.staging: uploads through a ring of reused page-locked buffers."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_opt._step import to_device_async
-from pipeline_opt.loading import staging as _staging
-from pipeline_opt.loading.staging import PinnedStaging, _as_bytes, staging_for
+from pipeline_opt._core import staging as _staging
+from pipeline_opt._core.staging import PinnedStaging, _as_bytes, staging_for
+from pipeline_opt._core.step import to_device_async
 
 
 @pytest.mark.parametrize("t", [

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_opt._logging import get_logger
+from pipeline_opt._core.log import get_logger
 
 log = get_logger("distributed")
 

@@ -1,4 +1,4 @@
-"""The front doors' step check (pipeline_opt._step.validate_step): one real step on one batch before
+"""The front doors' step check (pipeline_opt._core.step.validate_step): one real step on one batch before
 any measurement, and errors that name the bad value and the fix."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pipeline_opt as po
-from pipeline_opt._step import BackwardOnLoss, CheckedStep, default_step, validate_step
+from pipeline_opt._core.step import BackwardOnLoss, CheckedStep, default_step, validate_step
 
 BOTH = pytest.mark.parametrize("front_door", ["profile", "autotune"])
 
@@ -158,7 +158,7 @@ def test_a_user_step_on_mismatched_dtypes_gets_a_dtype_hint():
 def test_map_leaves_replaces_every_nested_leaf_of_its_kind_and_rebuilds_the_containers():
     from collections import OrderedDict, namedtuple
 
-    from pipeline_opt._step import iter_leaves, map_leaves
+    from pipeline_opt._core.step import iter_leaves, map_leaves
 
     Pair = namedtuple("Pair", "a b")
     a, b, c, d = (torch.full((2,), float(i)) for i in range(4))
@@ -181,7 +181,7 @@ def test_map_leaves_replaces_every_nested_leaf_of_its_kind_and_rebuilds_the_cont
 
 
 def test_map_leaves_finds_a_custom_leaf_kind_inside_tuples():
-    from pipeline_opt._step import iter_leaves, map_leaves
+    from pipeline_opt._core.step import iter_leaves, map_leaves
 
     class Ref:
         def __init__(self, n):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_opt._device import resolve_device
+from pipeline_opt._core.device import resolve_device
 
 
 def test_none_is_the_cpu_without_cuda_and_cpu_stays_cpu():

@@ -1,4 +1,4 @@
-"""Tests for pipeline_opt._threads: small CPU tensor work without the intra-op pool."""
+"""Tests for pipeline_opt._core.threads: small CPU tensor work without the intra-op pool."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pipeline_opt.transforms.augment as augment_module
-from pipeline_opt._threads import single_intra_op_thread
+from pipeline_opt._core.threads import single_intra_op_thread
 from pipeline_opt.transforms.augment import RandomPerspective
 from pipeline_opt.transforms.boxes import BatchBoxes
 from pipeline_opt.transforms.detection import DetectionGPUAugment
