@@ -42,6 +42,32 @@ def test_a_missing_attribute_is_named(monkeypatch):
     assert "Format._no_such_method" in _internals.support_problem("8.4.1")
 
 
+def test_a_moved_imported_name_is_named(monkeypatch):
+    monkeypatch.setattr(_internals, "IMPORTED", {**_internals.IMPORTED,
+                                                 "gone": ("ultralytics.utils.checks", "check_no_such_thing")})
+    monkeypatch.setattr(_internals, "PATCHED_ATTRIBUTES", ())
+    assert _internals.missing_internals() == ["ultralytics.utils.checks.check_no_such_thing"]
+    with pytest.raises(KeyError, match="not declared in IMPORTED"):
+        _internals.ultralytics_name("YOLOWorld")
+
+
+def test_the_adapter_is_the_only_module_that_imports_ultralytics():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(po_yolo.__file__).parent
+    importers = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "ultralytics" for n in names):
+                importers.append(path.name)
+    assert set(importers) <= {"_internals.py"}, importers  # _internals imports through importlib, by name
+    for name in ("DetectionModel", "autocast", "RandomHSV"):
+        assert name in _internals.IMPORTED
+
+
 class _Model:
     def __init__(self):
         self.callbacks = {}

@@ -222,17 +222,17 @@ def test_the_augmenting_step_moves_only_the_images_before_the_augmentation(monke
 def test_cli_profiles_tunes_and_reports_on_the_cpu(yolo_data, tmp_path, capsys, monkeypatch):
     import json
 
-    from pipeline_opt.integrations.ultralytics import _pipeline as _yolo_pipeline
+    from pipeline_opt.integrations.ultralytics import _cli as _yolo_cli
 
     caches = []
-    build = _yolo_pipeline.build_yolo_pipeline
+    build = _yolo_cli.build_yolo_pipeline
 
     def spy(*args, **kwargs):
         pipe = build(*args, **kwargs)
         caches.append(pipe.dataset.cache)
         return pipe
 
-    monkeypatch.setattr(_yolo_pipeline, "build_yolo_pipeline", spy)
+    monkeypatch.setattr(_yolo_cli, "build_yolo_pipeline", spy)
     out = tmp_path / "cli"
     argv = ["--data", str(yolo_data), "--imgsz", "32", "--batch", "4", "--workers", "1", "--device", "cpu",
             "--budget", "2", "--steps", "2", "--warmup", "1", "--no-gpu-augment", "--shared-slots", "--cache", "ram",

@@ -339,19 +339,19 @@ def test_the_steps_after_each_validation_pass_are_measured_and_its_hotspot_named
 def test_an_out_of_memory_retry_is_noted_and_cpu_memory_is_not_measured(tmp_path):
     from types import SimpleNamespace
 
-    from pipeline_opt.integrations.ultralytics._callbacks import _Run
+    from pipeline_opt.integrations.ultralytics._run import Run
 
     integration = attach(_FakeModel(), profile=False, tune=False, gpu_augment=False)
     trainer = SimpleNamespace(batch_size=16, epoch=0, device="cpu", save_dir=tmp_path, args=SimpleNamespace(),
                               world_size=1)
-    integration.run = _Run(trainer, str(tmp_path))
+    integration.run = Run(trainer, str(tmp_path))
     integration.on_train_epoch_start(trainer)
     trainer.batch_size = 8  # ultralytics halved the batch after an out-of-memory error and restarts the epoch
     integration.on_train_epoch_start(trainer)
     (note,) = integration.run.notes
     assert "ran out of memory in epoch 0 and retried with batch=8 (was 16)" in note
-    assert integration._memory_summary(integration.run) == {"measured": False,
-                                                            "note": "not measured on cpu (CUDA devices only)"}
+    assert integration.summary(integration.run)["memory"] == {"measured": False,
+                                                              "note": "not measured on cpu (CUDA devices only)"}
 
 
 class _FakeModel:

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below load on first use: importing a private module stays cheap
     from pipeline_opt.integrations.ultralytics._attach import attach
-    from pipeline_opt.integrations.ultralytics._callbacks import AttachOptions, YoloIntegration
+    from pipeline_opt.integrations.ultralytics._callbacks import YoloIntegration
     from pipeline_opt.integrations.ultralytics._cli import cli_main
     from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
     from pipeline_opt.integrations.ultralytics._internals import TESTED_RANGE
+    from pipeline_opt.integrations.ultralytics._options import AttachOptions
     from pipeline_opt.integrations.ultralytics._pipeline import (
         YoloPipeline,
         YoloTuneResult,
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # the names below load on first use: importing a private modu
     )
 
 _PUBLIC = {
-    "TESTED_RANGE": "_internals", "AttachOptions": "_callbacks", "YoloIntegration": "_callbacks",
+    "TESTED_RANGE": "_internals", "AttachOptions": "_options", "YoloIntegration": "_callbacks",
     "YoloPipeline": "_pipeline", "YoloTuneResult": "_pipeline", "attach": "_attach",
     "build_yolo_pipeline": "_pipeline", "cli_main": "_cli", "decide_yolo_augment": "_pipeline",
     "prepare_offline_env": "_env", "profile_yolo": "_pipeline", "tune_yolo": "_pipeline",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from pipeline_opt._core.log import get_logger
-from pipeline_opt.integrations.ultralytics._internals import patch, unpatch
+from pipeline_opt.integrations.ultralytics._internals import augment_stage_classes, patch, unpatch
 from pipeline_opt.integrations.ultralytics._protocol import RANDOM_HSV, RANDOM_PERSPECTIVE
 from pipeline_opt.integrations.ultralytics._step import images_to_device
 from pipeline_opt.integrations.ultralytics._walk import iter_transforms
@@ -56,7 +56,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
     Idempotent: stages already silenced are not listed again. Raises ``TypeError`` when the dataset
     has no ultralytics transform pipeline (a validation set, or not an ultralytics dataset).
     """
-    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+    RandomHSV, RandomFlip, RandomPerspective = augment_stage_classes()  # noqa: N806 (classes)
 
     root = getattr(dataset, "transforms", None)
     if root is None:
@@ -89,7 +89,7 @@ def disable_cpu_augment(dataset: Any, *, affine: bool = False) -> DisabledStages
 
 def active_cpu_stages(dataset: Any, *, affine: bool = False) -> list[str]:
     """Names of the CPU stages that are still active (what :func:`disable_cpu_augment` would silence)."""
-    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+    RandomHSV, RandomFlip, RandomPerspective = augment_stage_classes()  # noqa: N806 (classes)
 
     out = []
     for t in iter_transforms(getattr(dataset, "transforms", None)):
@@ -208,7 +208,7 @@ def restore_cpu_augment(dataset: Any, disabled: DisabledStages) -> list[str]:
     Stages are matched by name in the order they were silenced; a stage that is active again
     (e.g. the trainer rebuilt the transforms from its args) is left as it is. Returns the names restored.
     """
-    from ultralytics.data.augment import RandomFlip, RandomHSV, RandomPerspective
+    RandomHSV, RandomFlip, RandomPerspective = augment_stage_classes()  # noqa: N806 (classes)
 
     pending = list(disabled.stages)
     restored = []

@@ -1,4 +1,10 @@
-"""Every touch of ultralytics internals, in one place, gated on the tested version range.
+"""The adapter: every import of ultralytics and every touch of its internals, in one place, gated on the
+tested version range.
+
+:data:`IMPORTED` declares every ultralytics name the integration uses (its other modules ask
+:func:`ultralytics_name` for them and never import ultralytics themselves), :data:`PATCHED_ATTRIBUTES`
+the attributes it replaces or calls; :func:`missing_internals` checks both lists against the installed
+ultralytics and names what moved.
 
 The integration replaces a few attributes of ultralytics objects on the instance (never on the
 class, so one ``vars(obj).pop`` undoes each): the trainer's ``preprocess_batch`` (GPU augmentation)
@@ -17,6 +23,22 @@ from typing import Any
 
 TESTED_RANGE = ((8, 3), (8, 5))  # >= 8.3, < 8.5: the range pinned in pyproject's ``yolo`` extra
 
+# Every ultralytics name the integration uses, under the name it is asked for: (module, attribute).
+IMPORTED: dict[str, tuple[str, str]] = {
+    "get_cfg": ("ultralytics.cfg", "get_cfg"),
+    "DEFAULT_CFG": ("ultralytics.utils", "DEFAULT_CFG"),
+    "check_det_dataset": ("ultralytics.data.utils", "check_det_dataset"),
+    "check_imgsz": ("ultralytics.utils.checks", "check_imgsz"),
+    "build_dataloader": ("ultralytics.data", "build_dataloader"),
+    "build_yolo_dataset": ("ultralytics.data", "build_yolo_dataset"),
+    "DetectionModel": ("ultralytics.nn.tasks", "DetectionModel"),
+    "autocast": ("ultralytics.utils.torch_utils", "autocast"),
+    "unwrap_model": ("ultralytics.utils.torch_utils", "unwrap_model"),
+    "RandomFlip": ("ultralytics.data.augment", "RandomFlip"),
+    "RandomHSV": ("ultralytics.data.augment", "RandomHSV"),
+    "RandomPerspective": ("ultralytics.data.augment", "RandomPerspective"),
+}
+
 # (module, class, attribute): what the patches replace or call
 PATCHED_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.engine.trainer", "BaseTrainer", "_close_dataloader_mosaic"),
@@ -24,6 +46,14 @@ PATCHED_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.models.yolo.detect.train", "DetectionTrainer", "preprocess_batch"),
     ("ultralytics.data.augment", "RandomPerspective", "apply_image"),
     ("ultralytics.data.dataset", "YOLODataset", "collate_fn"),
+)
+
+
+# The trainer's methods that rebuild the dataset's transforms from trainer.args (and, True, its whole loader):
+# the integration wraps them to re-apply itself afterwards.
+REBUILDING_METHODS: tuple[tuple[str, bool], ...] = (
+    ("_close_dataloader_mosaic", False),
+    ("_build_train_pipeline", True),
 )
 
 
@@ -55,9 +85,28 @@ def is_tested_version(text: str | None) -> bool:
     return low <= _release(text) < high
 
 
+def ultralytics_name(name: str) -> Any:
+    """The ultralytics object the integration uses as ``name`` (one of :data:`IMPORTED`); imports ultralytics."""
+    if name not in IMPORTED:
+        raise KeyError(f"{name!r} is not declared in IMPORTED: add (module, attribute) there first")
+    module, attr = IMPORTED[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def augment_stage_classes() -> tuple[type, type, type]:
+    """ultralytics' ``(RandomHSV, RandomFlip, RandomPerspective)``: the CPU stages the GPU augmentation replaces."""
+    return ultralytics_name("RandomHSV"), ultralytics_name("RandomFlip"), ultralytics_name("RandomPerspective")
+
+
 def missing_internals() -> list[str]:
-    """The ``module.Class.attribute`` names of :data:`PATCHED_ATTRIBUTES` the installed ultralytics lacks."""
+    """The names of :data:`IMPORTED` (``module.attribute``) and of :data:`PATCHED_ATTRIBUTES`
+    (``module.Class.attribute``) the installed ultralytics lacks."""
     missing = []
+    for module, attr in IMPORTED.values():
+        try:
+            getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            missing.append(f"{module}.{attr}")
     for module, cls, attr in PATCHED_ATTRIBUTES:
         try:
             owner = getattr(importlib.import_module(module), cls)
@@ -81,7 +130,7 @@ def support_problem(version: str | None = None) -> str | None:
                 "for tuning and GPU augmentation")
     missing = missing_internals()
     if missing:
-        return f"ultralytics {version} lacks {', '.join(missing)}, which the integration patches"
+        return f"ultralytics {version} lacks {', '.join(missing)}, which the integration uses"
     return None
 
 

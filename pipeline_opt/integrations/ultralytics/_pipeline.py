@@ -27,6 +27,7 @@ from pipeline_opt.integrations.ultralytics._decide import (
     decide_gpu_augment,
 )
 from pipeline_opt.integrations.ultralytics._env import prepare_offline_env
+from pipeline_opt.integrations.ultralytics._internals import ultralytics_name
 from pipeline_opt.integrations.ultralytics._step import AMP_CHOICES, YoloStep, default_amp
 from pipeline_opt.integrations.ultralytics._tune import tune_loader
 from pipeline_opt.profile import profile
@@ -135,12 +136,10 @@ def build_yolo_pipeline(
         raise ValueError(f"data_yaml={str(data_yaml)!r} is not a file; pass a detection data.yaml "
                          "(pipeline_opt.datasets.make_yolo_dataset() writes one)")
     prepare_offline_env()
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data import build_dataloader, build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-    from ultralytics.nn.tasks import DetectionModel
-    from ultralytics.utils import DEFAULT_CFG
-    from ultralytics.utils.checks import check_imgsz
+    get_cfg, DEFAULT_CFG = ultralytics_name("get_cfg"), ultralytics_name("DEFAULT_CFG")  # noqa: N806
+    check_det_dataset, check_imgsz = ultralytics_name("check_det_dataset"), ultralytics_name("check_imgsz")
+    build_yolo_dataset, build_dataloader = ultralytics_name("build_yolo_dataset"), ultralytics_name("build_dataloader")
+    DetectionModel = ultralytics_name("DetectionModel")  # noqa: N806 (a class)
 
     dev = resolve_device(device)
     amp = amp or default_amp(dev)

@@ -18,16 +18,15 @@ from typing import Any
 import torch
 
 from pipeline_opt._core.step import move_to_device
+from pipeline_opt.integrations.ultralytics._internals import ultralytics_name
 
 AMP_CHOICES = ("bf16", "fp16", "fp32")
 
 
 def _sum_loss(model: torch.nn.Module, batch: dict, compiled: bool) -> torch.Tensor:
     if compiled:  # as the trainer does with compile=True: forward, then the criterion
-        from ultralytics.utils.torch_utils import unwrap_model
-
         preds = model(batch["img"])
-        loss, _ = unwrap_model(model).loss(batch, preds)
+        loss, _ = ultralytics_name("unwrap_model")(model).loss(batch, preds)
     else:
         loss, _ = model(batch)
     return loss.sum()
@@ -52,8 +51,7 @@ class TrainerStep:
         return "fp16" if bool(getattr(t, "amp", False)) else "fp32"
 
     def __call__(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        from ultralytics.utils.torch_utils import autocast
-
+        autocast = ultralytics_name("autocast")
         t = self.trainer
         with autocast(torch.bfloat16 if t.args.amp == "bf16" else bool(t.amp), device=t.device.type):
             prepared = t.preprocess_batch(dict(batch))
