@@ -9,7 +9,11 @@
   workers from the JPEG header (same draws as the Compose), pixels made on the device;
   ``split_random_transforms(compose) -> (sampler, gpu_part)``.
 * :mod:`~pipeline_opt.transforms.random_gpu` — the device side: nvJPEG decode + Kornia augmentations
-  fed the replayed parameters (needs Kornia: ``pip install 'pipeline-opt[gpu]'``; loaded on first use).
+  fed the replayed parameters (needs Kornia: ``pip install 'pipeline-opt[gpu]'``; loaded on first use);
+  the Replay* augmentations themselves live in :mod:`~pipeline_opt.transforms.replay_ops`.
+* :mod:`~pipeline_opt.transforms.augment` — box-aware batch augmentations (ultralytics' flips, HSV,
+  affine / perspective), re-exported from :mod:`~pipeline_opt.transforms.flip`,
+  :mod:`~pipeline_opt.transforms.hsv` and :mod:`~pipeline_opt.transforms.affine`.
 * ``plan_random_gpu_pipeline(loader)`` (the tuner's plan for that path) lives in
   :mod:`pipeline_opt.loading.random_plan`.
 """

@@ -38,18 +38,12 @@ from torch import nn
 from pipeline_opt._core.log import get_logger
 from pipeline_opt._core.step import to_device_async
 from pipeline_opt._core.threads import single_intra_op_thread
-from pipeline_opt.transforms.augment import (
-    FlipParams,
-    HSVParams,
-    RandomHorizontalFlip,
-    RandomHSV,
-    RandomPerspective,
-    RandomVerticalFlip,
-    _make_generator,
-    hsv_luts,
-)
+from pipeline_opt.transforms.affine import RandomPerspective
+from pipeline_opt.transforms.augment_base import make_generator
 from pipeline_opt.transforms.boxes import BatchBoxes
+from pipeline_opt.transforms.flip import FlipParams, RandomHorizontalFlip, RandomVerticalFlip
 from pipeline_opt.transforms.fused import fused_available, hsv_flip
+from pipeline_opt.transforms.hsv import HSVParams, RandomHSV, hsv_luts
 
 __all__ = ["DetectionGPUAugment"]
 
@@ -114,7 +108,7 @@ class DetectionGPUAugment(nn.Module):
         fused: bool = True,
     ) -> None:
         super().__init__()
-        generator = _make_generator(seed, None)
+        generator = make_generator(seed, None)
         kw = {"generator": generator}
         self.affine = RandomPerspective(degrees, translate, scale, shear, perspective, **kw)
         self.hsv = RandomHSV(hsv_h, hsv_s, hsv_v, channel_order=channel_order, fused=fused, **kw)

@@ -1,11 +1,11 @@
 """One GPU kernel for ultralytics' colour + flip augmentation of a uint8 batch (Triton).
 
-:class:`~pipeline_opt.transforms.augment.RandomHSV` written as torch operations launches ~70
+:class:`~pipeline_opt.transforms.hsv.RandomHSV` written as torch operations launches ~70
 kernels per batch, each reading and writing the whole batch in int32 or float32: for a
 64x3x640x640 batch that is gigabytes of memory traffic and dozens of launches from the training
 thread, which a launch-bound step (YOLO11n) pays for directly. :func:`hsv_flip` does the same
 work in ONE kernel that reads each pixel once and writes it once: OpenCV's 8-bit ``RGB2HSV``
-(the integer arithmetic of :func:`~pipeline_opt.transforms.augment.rgb_to_hsv_u8`, its two
+(the integer arithmetic of :func:`~pipeline_opt.transforms.hsv.rgb_to_hsv_u8`, its two
 division tables computed once per device by the same float32 expressions), the per-image lookup
 tables, ``HSV2RGB`` in float32 in the reference's order, and the vertical / horizontal flips as a
 mirrored read. Floating-point contraction (FMA) is switched off so every float operation rounds
@@ -66,7 +66,7 @@ def fused_available(device: torch.device | str) -> bool:
 def hsv_tables(device: torch.device | str = "cpu") -> torch.Tensor:
     """OpenCV's 8-bit division tables as ``(2, 256)`` int32: ``[0]`` is the saturation divisor for
     ``v`` and ``[1]`` the hue divisor for ``max - min`` (the float32 expressions of
-    :func:`~pipeline_opt.transforms.augment.rgb_to_hsv_u8`, whose divisor is clamped to >= 1)."""
+    :func:`~pipeline_opt.transforms.hsv.rgb_to_hsv_u8`, whose divisor is clamped to >= 1)."""
     return _hsv_tables_cached(str(torch.device(device)))
 
 
@@ -100,7 +100,7 @@ def hsv_flip(images: torch.Tensor, luts: torch.Tensor | None = None, *, flip_ud:
 
     Args:
         images: uint8 ``(B, 3, H, W)`` on a device where :func:`fused_available` holds.
-        luts: ``(B, 3, 256)`` uint8 per-image H / S / V tables (:func:`~pipeline_opt.transforms.augment.hsv_luts`),
+        luts: ``(B, 3, 256)`` uint8 per-image H / S / V tables (:func:`~pipeline_opt.transforms.hsv.hsv_luts`),
             or ``None`` for flips only.
         flip_ud, flip_lr: ``(B,)`` bool, which samples to flip upside down / left-right (``None``: none).
         channel_order: ``"RGB"`` or ``"BGR"``, the order of ``images``' channels.

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-import pipeline_opt.transforms.augment as augment_module
+import pipeline_opt.transforms.affine as affine_module
 from pipeline_opt._core.threads import single_intra_op_thread
 from pipeline_opt.transforms.augment import RandomPerspective
 from pipeline_opt.transforms.boxes import BatchBoxes
@@ -61,7 +61,7 @@ def _boxes(n_images: int, n_boxes: int) -> BatchBoxes:
 
 def test_the_affine_box_math_runs_on_one_thread_and_the_image_warp_keeps_the_pool(two_threads, monkeypatch):
     counts: dict[str, int] = {}
-    real_candidates, real_warp = augment_module.box_candidates, augment_module._warp
+    real_candidates, real_warp = affine_module.box_candidates, affine_module._warp
 
     def candidates(*a, **k):
         counts["boxes"] = torch.get_num_threads()
@@ -71,8 +71,8 @@ def test_the_affine_box_math_runs_on_one_thread_and_the_image_warp_keeps_the_poo
         counts["warp"] = torch.get_num_threads()
         return real_warp(*a, **k)
 
-    monkeypatch.setattr(augment_module, "box_candidates", candidates)
-    monkeypatch.setattr(augment_module, "_warp", warp)
+    monkeypatch.setattr(affine_module, "box_candidates", candidates)
+    monkeypatch.setattr(affine_module, "_warp", warp)
     aug = RandomPerspective(degrees=5.0, translate=0.1, scale=0.5, seed=0)
     images = torch.zeros(4, 3, 32, 32, dtype=torch.uint8)
     out, boxes = aug(images, _boxes(4, 12))

@@ -1,6 +1,6 @@
 """GPU batch augmentations against ultralytics' CPU originals, with boxes.
 
-Tolerances (documented in pipeline_opt/transforms/augment.py):
+Tolerances (documented in pipeline_opt/transforms/flip.py, hsv.py and affine.py):
 * flips: exact.
 * HSV: max 1/255; at most 0.1% of values differ on rows whose width is a multiple of 64 (OpenCV's
   vectorised HSV2RGB fuses a multiply-add), more on other widths (OpenCV's scalar row tail rounds).
