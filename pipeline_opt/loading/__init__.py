@@ -7,7 +7,10 @@
 * :mod:`~pipeline_opt._core.staging` — small non-blocking host-to-device uploads through reused
   page-locked buffers.
 * :mod:`~pipeline_opt.loading.shared_slots` — workers write batches into reused, page-locked
-  shared-memory slots.
+  shared-memory slots; the names of :mod:`~pipeline_opt.loading.slot_layout` (a slot's header and
+  payload), :mod:`~pipeline_opt.loading.slot_receiver` (the training process's side),
+  :mod:`~pipeline_opt.loading.slot_pool` (the shared state) and :mod:`~pipeline_opt.loading.slot_collate`
+  (the workers' side, ``slot_loader``) in one place.
 * :mod:`~pipeline_opt.loading.dataloader` — the one adapter to torch's DataLoader: clone with new
   settings, walk wrappers, stop workers (a framework's own loader kind registered there).
 * :mod:`~pipeline_opt.loading.batch_formats` — a framework's collate function whose image stack shared

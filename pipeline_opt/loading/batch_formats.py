@@ -3,7 +3,7 @@
 A framework's collate function that stacks every sample's image with ``torch.stack`` into ordinary
 memory can be described once as a :class:`StackedCollate`: how to recognise it, which tensors it would
 stack, and how to collate the rest around a stack made elsewhere. Shared slots
-(:class:`~pipeline_opt.loading.shared_slots.SlotCollate`) then stack the images straight into a reused,
+(:class:`~pipeline_opt.loading.slot_collate.SlotCollate`) then stack the images straight into a reused,
 page-locked slot and the batch is otherwise the function's own. An integration registers its
 framework's format (:func:`register_stacked_collate`); nothing else names it.
 """

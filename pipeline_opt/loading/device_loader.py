@@ -43,7 +43,9 @@ from pipeline_opt._core.log import get_logger
 from pipeline_opt._core.step import image_key, map_leaves, move_to_device
 from pipeline_opt.loading.dataloader import release_workers
 from pipeline_opt.loading.prepare_thread import PreparingThread
-from pipeline_opt.loading.shared_slots import ReceiveThread, slot_header, slot_loader, slot_pool_of
+from pipeline_opt.loading.slot_collate import slot_loader, slot_pool_of
+from pipeline_opt.loading.slot_layout import slot_header
+from pipeline_opt.loading.slot_receiver import ReceiveThread
 
 __all__ = ["DeviceLoader", "apply_to_images"]
 
@@ -100,7 +102,7 @@ class DeviceLoader:
             that blocks its caller until done, such as nvJPEG decoding, the step of one batch then
             runs while the next is decoded. Not with ``reuse_buffers``.
         reuse_buffers: deliver the image tensors through reused shared-memory slots
-            (:func:`pipeline_opt.loading.shared_slots.slot_loader`). ``loader`` must be a DataLoader; unless
+            (:func:`pipeline_opt.loading.slot_collate.slot_loader`). ``loader`` must be a DataLoader; unless
             it was made by ``slot_loader`` already, a clone of it (``pin_memory=False``: the slots are
             page-locked instead) is what gets iterated, and ``.loader`` is that clone. With
             ``num_workers=0`` there is nothing to reuse and the loader is used as it is.
@@ -116,7 +118,7 @@ class DeviceLoader:
                       transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                       **overrides: Any) -> DeviceLoader:
         """The one way to build a loader delivering through shared slots: a clone of ``loader``
-        (``overrides`` applied, :func:`pipeline_opt.loading.shared_slots.slot_loader`) iterated by a
+        (``overrides`` applied, :func:`pipeline_opt.loading.slot_collate.slot_loader`) iterated by a
         ``DeviceLoader`` that reuses its page-locked buffers."""
 
         return cls(slot_loader(loader, **overrides), device=device, transform=transform, reuse_buffers=True)
@@ -170,11 +172,11 @@ class DeviceLoader:
         return self._receiver is not None
 
     def slot_stats(self) -> Any:
-        """:class:`~pipeline_opt.loading.shared_slots.SlotStats` of the workers so far; None without ``reuse_buffers``."""
+        """:class:`~pipeline_opt.loading.slot_pool.SlotStats` of the workers so far; None without ``reuse_buffers``."""
         return None if self._receiver is None else self._receiver.pool.stats()
 
     def receive_stats(self) -> Any:
-        """:class:`~pipeline_opt.loading.shared_slots.ReceiveStats` of the receiving thread so far (CUDA);
+        """:class:`~pipeline_opt.loading.slot_receiver.ReceiveStats` of the receiving thread so far (CUDA);
         None without ``reuse_buffers``."""
         return None if self._receiver is None else self._receiver.receive_stats()
 

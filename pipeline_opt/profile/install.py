@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from pipeline_opt.loading.dataloader import clone_loader, loader_config
 from pipeline_opt.loading.device_loader import DeviceLoader
-from pipeline_opt.loading.shared_slots import SlotCollate, with_own_pool
+from pipeline_opt.loading.slot_collate import SlotCollate, with_own_pool
 from pipeline_opt.profile import workers
 from pipeline_opt.profile.collector import WorkerCollector
 

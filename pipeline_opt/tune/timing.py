@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline_opt.loading.shared_slots import DEFAULT_EXTRA_SLOTS
+from pipeline_opt.loading.slot_collate import DEFAULT_EXTRA_SLOTS
 
 SPAWN_S = 0.3  # fixed cost of starting a worker pool (fork + first imports)
 SPAWN_PER_WORKER_S = 0.05

@@ -1,7 +1,7 @@
 """ultralytics-style collating around an image tensor stacked somewhere chosen by the caller.
 
 ultralytics' ``YOLODataset.collate_fn`` stacks every sample's ``img`` with ``torch.stack`` into
-ordinary memory. :class:`pipeline_opt.loading.shared_slots.SlotCollate` stacks them straight into a
+ordinary memory. :class:`pipeline_opt.loading.slot_collate.SlotCollate` stacks them straight into a
 reused, page-locked slot instead and lets the collate function do the rest with these helpers, so the
 batch is the same, keys in the same (sorted) order.
 """

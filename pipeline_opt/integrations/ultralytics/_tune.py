@@ -23,7 +23,7 @@ from pipeline_opt._core.step import ModelStateGuard
 from pipeline_opt.front_doors import autotune
 from pipeline_opt.loading import DeviceLoader
 from pipeline_opt.loading.dataloader import clone_loader, loader_config
-from pipeline_opt.loading.shared_slots import slot_collate_of
+from pipeline_opt.loading.slot_collate import slot_collate_of
 
 log = get_logger("integrations.ultralytics")
 
