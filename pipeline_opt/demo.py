@@ -22,7 +22,7 @@ from pipeline_opt._core.log import get_logger
 from pipeline_opt.datasets import make_image_folder
 from pipeline_opt.report.html import render_tune_html
 from pipeline_opt.report.text import before_after_table
-from pipeline_opt.tune.api import samples_clause
+from pipeline_opt.tune.vetting import samples_clause
 
 log = get_logger("demo")
 

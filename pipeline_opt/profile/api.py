@@ -20,12 +20,8 @@ from pipeline_opt.profile.install import (
     thread_spans_of,
 )
 from pipeline_opt.profile.limit import speed_of_light
-from pipeline_opt.profile.main_profiler import (
-    DEFAULT_TRACE_STEPS,
-    StepProfiler,
-    run_loop,
-    validate_trace_steps,
-)
+from pipeline_opt.profile.main_loop import run_loop
+from pipeline_opt.profile.main_profiler import DEFAULT_TRACE_STEPS, StepProfiler, validate_trace_steps
 from pipeline_opt.profile.report import ProfileReport
 
 __all__ = ["LoopProfiler", "profile", "profile_loop"]

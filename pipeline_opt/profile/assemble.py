@@ -17,7 +17,7 @@ import torch
 from pipeline_opt.profile.collector import WorkerRecord
 from pipeline_opt.profile.decode_advice import decode_advice
 from pipeline_opt.profile.diagnosis import SETTING_SHARE, Measurements, diagnose, outside_share
-from pipeline_opt.profile.main_profiler import MainResult, median
+from pipeline_opt.profile.main_result import MainResult, median
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.profile.trace import build_trace
 

@@ -1,8 +1,8 @@
 """The main-process step profiler: data wait, host-to-device copy and compute of every step.
 
 :class:`StepProfiler` is driven by hooks (``before_data`` / ``after_data`` / ``before_h2d`` /
-``after_h2d`` / ``before_step`` / ``after_step``) so that :func:`run_loop` (``po.profile``) and the
-in-loop profiler share it. It runs ``torch.profiler`` with a wait / warmup / active schedule whose
+``after_h2d`` / ``before_step`` / ``after_step``) so that
+:func:`~pipeline_opt.profile.main_loop.run_loop` (``po.profile``) and the in-loop profiler share it. It runs ``torch.profiler`` with a wait / warmup / active schedule whose
 active part follows the measured window: ``skip`` steps left out, ``steps`` measured steps (timed,
 not traced), then one profiler warm-up step (it absorbs torch.profiler's start-up stall, which
 would otherwise show as GPU idle time) and ``trace_steps`` traced steps (10 by default; None: as
@@ -24,20 +24,20 @@ The window also records the CPU seconds of the training process (every thread: t
 step, the pin-memory thread, torch's intra-op pool) and of the main thread inside ``next(loader)``:
 the tuner's CPU budget reserves for the training process what it measurably uses, not a fixed
 core per thread (:mod:`pipeline_opt.tune.budget`).
+
+What the window's marks and torch.profiler's output turn into (step records, op tables, GPU idle
+time) is :mod:`pipeline_opt.profile.main_analysis`; the result types are
+:mod:`pipeline_opt.profile.main_result`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import json
 import os
 import shutil
 import socket
-import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,77 +46,35 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, schedule
 
 from pipeline_opt._core.log import get_logger
-from pipeline_opt._core.progress import progress_bar
 from pipeline_opt._core.sched import thread_sched
-from pipeline_opt._core.step import batch_size_of, move_to_device
-from pipeline_opt.loading.dataloader import release_workers
-from pipeline_opt.profile import trace as trace_mod
-from pipeline_opt.profile.diagnosis import is_sync_op
+from pipeline_opt._core.step import batch_size_of
+from pipeline_opt.profile.main_analysis import (
+    MEMORY_TOP_OPS,
+    RANGE_NAMES,
+    StepMarks,
+    gpu_idle,
+    op_rows,
+    step_records,
+    sync_time,
+    top_ops,
+    torch_events,
+    with_top_alloc_ops,
+)
+from pipeline_opt.profile.main_result import BatchReceipt, MainResult, median
 from pipeline_opt.profile.memory import MemoryMeter
-from pipeline_opt.profile.report import OpStat, StepRecord
+
+# BatchReceipt, MainResult and median (main_result), RANGE_NAMES and MEMORY_TOP_OPS (main_analysis) lived
+# here and stay importable from here; run_loop is in main_loop, which imports this module
+__all__ = ["DEFAULT_TRACE_STEPS", "KINETO_QUIET_LEVEL", "MEMORY_TOP_OPS", "RANGE_NAMES", "BatchReceipt", "MainResult",
+           "StepProfiler", "median", "quiet_kineto_without_gpu", "validate_trace_steps"]
 
 log = get_logger("profile.main")
 
-RANGE_NAMES = ("data_wait", "h2d", "step")
 # Kineto's lowest severity above USDT: nothing of its own on stderr. Without it, every profile on a
 # machine with no GPU ends with "ERROR: ... gpuGetDeviceCount failed with code 35" (Kineto asks the
 # CUDA runtime for devices even when only CPU activities are recorded) and two start/stop lines.
 KINETO_QUIET_LEVEL = "6"
 DEFAULT_TRACE_STEPS: int | None = 10  # torch.profiler records the last 10 measured steps
-MEMORY_TOP_OPS = 5  # ops named as the largest allocators in the memory section
-_IGNORED_OP_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "pipeline_opt::")
-
-
-@dataclass(frozen=True)
-class BatchReceipt:
-    """One batch the main thread took from the loader."""
-
-    step: int  # loop step (0-based, skipped steps included)
-    epoch: int
-    position: int  # batch number within its epoch
-    t_request_ns: int
-    t_received_ns: int
-
-
-@dataclass(frozen=True)
-class MainResult:
-    """What the main process measured."""
-
-    steps: tuple[StepRecord, ...]
-    window_s: float
-    samples: int
-    throughput: float
-    receipts: tuple[BatchReceipt, ...]
-    spans: tuple[tuple[str, int, int, int], ...]  # (name, step, t0_ns, t1_ns) on the main thread
-    session_ns: tuple[int, int]
-    window_ns: tuple[int, int]
-    traced_steps: int  # measured steps torch.profiler recorded (the last ones of the window)
-    traced_ns: tuple[int, int]  # the traced part of the window (0, 0 when nothing was traced)
-    torch_events: tuple[dict[str, Any], ...]  # torch.profiler chrome events on the epoch-µs clock
-    top_cpu_ops: tuple[OpStat, ...]
-    top_cuda_ops: tuple[OpStat, ...]
-    sync_s: float  # self CPU seconds in host-device sync / collective ops over the window
-    sync_ops: tuple[str, ...]
-    gpu_idle_frac: float | None
-    cpu_s: float = 0.0  # CPU seconds of this process (every thread, no worker process) over the window
-    memory: Any = None  # MemoryStats: CUDA peak memory per measured step (not measured on CPU)
-    data_cpu_s: float = 0.0  # CPU seconds of this process (all threads) inside next(loader) over the window
-    # seconds the training thread was runnable but waited for a core over the window; None: not measurable
-    runqueue_s: float | None = None
-    # seconds the training thread itself ran on a CPU over the window (its share of cpu_s); None: not measurable
-    thread_cpu_s: float | None = None
-
-
-@dataclass
-class _Step:
-    index: int
-    t_request: int = 0
-    t_received: int = 0
-    t_h2d_end: int = 0
-    t_step0: int = 0
-    t_end: int = 0
-    samples: int = 0
-    events: list[Any] = field(default_factory=list)  # CUDA events: [before h2d, before step, after step]
 
 
 class StepProfiler:
@@ -140,9 +98,9 @@ class StepProfiler:
         self._epoch, self._position = -1, 0
         self._prof: torch.profiler.profile | None = None
         self._range: Any = None
-        self._cur: _Step | None = None
-        self._measured: list[_Step] = []
-        self._traced_list: list[_Step] = []
+        self._cur: StepMarks | None = None
+        self._measured: list[StepMarks] = []
+        self._traced_list: list[StepMarks] = []
         self._receipts: list[BatchReceipt] = []
         self._spans: list[tuple[str, int, int, int]] = []
         self._session = [0, 0]
@@ -245,7 +203,7 @@ class StepProfiler:
         if self.index == self.trace_start and self.trace_steps:
             self._sync()  # work queued before the trace began is not in it: drain it, or it reads as idle
             self._traced[0] = time.time_ns()
-        self._cur = _Step(self.index, t_request=time.time_ns())
+        self._cur = StepMarks(self.index, t_request=time.time_ns())
         if self.skip <= self.index < self.window_end:
             self.memory.begin()
         self._data_cpu0 = time.process_time()
@@ -369,11 +327,12 @@ class StepProfiler:
     def result(self) -> MainResult:
         """The measurements (stops the session if still running)."""
         self.stop()
-        steps = self._step_records()
+        steps = step_records(self._measured, self._receipts, self._window[1], self.cuda)
         window_s = max((self._window[1] - self._window[0]) / 1e9, 0.0) if self._window[0] else 0.0
         samples = sum(s.samples for s in steps)
-        events, offset_ok = self._torch_events()
-        sync_s, sync_ops = self._sync_time()
+        events, offset_ok = torch_events(self._trace, self._traced_list)
+        ops = op_rows(self._key_averages)
+        sync_s, sync_ops = sync_time(ops)
         return MainResult(
             steps=steps,
             window_s=window_s,
@@ -386,16 +345,16 @@ class StepProfiler:
             traced_steps=len(self._traced_list) if self._trace is not None else 0,
             traced_ns=(self._traced[0], self._traced[1]),
             torch_events=events,
-            top_cpu_ops=self._top_ops(by_cuda=False),
-            top_cuda_ops=self._top_ops(by_cuda=True) if self.cuda else (),
+            top_cpu_ops=top_ops(ops, by_cuda=False, top_k=self.top_k),
+            top_cuda_ops=top_ops(ops, by_cuda=True, top_k=self.top_k) if self.cuda else (),
             sync_s=sync_s,
             sync_ops=sync_ops,
-            gpu_idle_frac=self._gpu_idle(events) if self.cuda and offset_ok else None,
+            gpu_idle_frac=gpu_idle(events, self._traced) if self.cuda and offset_ok else None,
             cpu_s=max(self._cpu[1] - self._cpu[0], 0.0) if self._window[0] else 0.0,
             data_cpu_s=self._data_cpu,
             runqueue_s=self._runqueue_s(),
             thread_cpu_s=self._thread_cpu_s(),
-            memory=self._memory_stats(),
+            memory=with_top_alloc_ops(self.memory.stats(), self._key_averages),
         )
 
     def _runqueue_s(self) -> float | None:
@@ -409,85 +368,6 @@ class StepProfiler:
         if not self._window[0] or start is None or end is None:
             return None
         return max(0.0, end[0] - start[0])
-
-    def _memory_stats(self) -> Any:
-        stats = self.memory.stats()
-        if not stats.measured or self._key_averages is None:
-            return stats
-        rows = []
-        for e in self._key_averages:
-            allocated = int(getattr(e, "self_device_memory_usage", getattr(e, "self_cuda_memory_usage", 0)) or 0)
-            if allocated > 0:
-                rows.append((e.key, allocated))
-        rows.sort(key=lambda r: r[1], reverse=True)
-        return dataclasses.replace(stats, top_alloc_ops=tuple(rows[:MEMORY_TOP_OPS]))
-
-    def _step_records(self) -> tuple[StepRecord, ...]:
-        out = []
-        epoch_of = {r.step: r.epoch for r in self._receipts}
-        for k, s in enumerate(self._measured):
-            nxt = self._measured[k + 1].t_request if k + 1 < len(self._measured) else self._window[1]
-            if self.cuda and len(s.events) == 3:
-                h2d = s.events[0].elapsed_time(s.events[1]) / 1e3
-                compute = s.events[1].elapsed_time(s.events[2]) / 1e3
-            else:
-                h2d = (s.t_h2d_end - s.t_received) / 1e9 if s.t_h2d_end else 0.0
-                compute = (s.t_end - s.t_step0) / 1e9
-            out.append(StepRecord(
-                index=s.index,
-                data_wait_s=(s.t_received - s.t_request) / 1e9,
-                h2d_s=h2d,
-                compute_s=compute,
-                step_s=max(nxt - s.t_request, 0) / 1e9,
-                samples=s.samples,
-                launch_s=(s.t_end - s.t_step0) / 1e9,
-                epoch=epoch_of.get(s.index, 0),
-            ))
-        return tuple(out)
-
-    def _torch_events(self) -> tuple[tuple[dict[str, Any], ...], bool]:
-        if not self._trace:
-            return (), False
-        raw = self._trace.get("traceEvents", [])
-        ours = [s.t_request / 1e3 for s in self._traced_list]
-        offset = trace_mod.clock_offset_us(raw, ours, "data_wait", self._trace.get("baseTimeNanoseconds"))
-        if offset is None:
-            return (), False
-        return tuple(trace_mod.rebase(raw, offset)), True
-
-    def _gpu_idle(self, events: tuple[dict[str, Any], ...]) -> float | None:
-        intervals = trace_mod.gpu_intervals(events)
-        if not intervals:
-            log.warning("the CUDA trace holds no kernels (CUPTI unavailable?); gpu_idle_frac is unknown")
-            return None
-        return trace_mod.idle_fraction(intervals, (self._traced[0] / 1e3, self._traced[1] / 1e3))
-
-    def _op_rows(self) -> list[OpStat]:
-        rows = []
-        for e in self._key_averages or ():
-            name = str(e.key)
-            if name in RANGE_NAMES or name.startswith(_IGNORED_OP_PREFIXES):
-                continue
-            cuda_us = getattr(e, "self_device_time_total", None)
-            if cuda_us is None:
-                cuda_us = getattr(e, "self_cuda_time_total", 0.0)
-            rows.append(OpStat(name=name, calls=int(e.count), self_cpu_s=e.self_cpu_time_total / 1e6,
-                               self_cuda_s=float(cuda_us) / 1e6))
-        return rows
-
-    def _top_ops(self, by_cuda: bool) -> tuple[OpStat, ...]:
-        rows = self._op_rows()
-        if by_cuda:
-            rows = [r for r in rows if r.self_cuda_s > 0]
-            rows.sort(key=lambda r: -r.self_cuda_s)
-        else:
-            rows.sort(key=lambda r: -r.self_cpu_s)
-        return tuple(rows[: self.top_k])
-
-    def _sync_time(self) -> tuple[float, tuple[str, ...]]:
-        rows = [r for r in self._op_rows() if is_sync_op(r.name)]
-        rows.sort(key=lambda r: -r.self_cpu_s)
-        return sum(r.self_cpu_s for r in rows), tuple(r.name for r in rows if r.self_cpu_s > 0)
 
 
 def quiet_kineto_without_gpu() -> None:
@@ -510,65 +390,3 @@ def validate_trace_steps(trace_steps: object) -> None:
                          "(0 = no torch.profiler)")
 
 
-def _starts_workers_after_cuda(loader: Any) -> bool:
-    """Whether iterating ``loader`` starts worker processes while CUDA is initialised here.
-
-    A forked worker inherits the cyclic garbage of this process; collecting a CUDA event or stream
-    there aborts the worker ("CUDA error: initialization error"), so the
-    garbage is collected before the workers start.
-    """
-    workers = getattr(loader, "num_workers", 0) or getattr(getattr(loader, "loader", None), "num_workers", 0)
-    return bool(workers) and torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.device, profiler: StepProfiler,
-             progress: bool = False) -> tuple[MainResult, Any]:
-    """Drive ``profiler`` over ``loader`` (restarting it at epoch ends) until its window is done.
-
-    Returns the result and one batch of the measured window already on ``device`` (for the
-    speed-of-light replay). Worker processes are shut down before returning, also on errors.
-    """
-    bar = progress_bar(total=profiler.total, desc="profiling", enabled=progress)
-    iterator = None
-    replay = None
-    fresh = True
-    try:
-        profiler.start()
-        while not profiler.done:
-            if iterator is None:
-                if _starts_workers_after_cuda(loader):
-                    gc.collect()  # CUDA objects in cyclic garbage must not be collected in forked workers
-                iterator = iter(loader)
-                profiler.new_epoch()
-                fresh = True
-            profiler.before_data()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                profiler.abort_data()
-                if fresh:
-                    raise ValueError("the loader yielded no batch; profile a loader with at least one batch") from None
-                iterator = None
-                continue
-            fresh = False
-            profiler.after_data(batch)
-            profiler.before_h2d()
-            if device.type == "cuda":
-                batch = move_to_device(batch, device)
-            profiler.after_h2d()
-            if replay is None and profiler.measuring:
-                replay = batch
-            profiler.before_step()
-            step_fn(model, batch)
-            profiler.after_step()
-            bar.update()
-        return profiler.result(), replay
-    finally:
-        profiler.stop()
-        bar.close()
-        release_workers(loader, iterator)
-
-
-def median(values: list[float]) -> float:
-    """Median of ``values`` (0.0 when empty)."""
-    return float(statistics.median(values)) if values else 0.0

@@ -52,67 +52,30 @@ injected numbers. The rules:
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from pipeline_opt._core.log import get_logger
-from pipeline_opt.tune.ab import MIN_GAIN, _pct, accept, clear_win, judge, repeat_noise
+from pipeline_opt.tune.ab import MIN_GAIN, _pct, accept, clear_win, judge
 from pipeline_opt.tune.budget import ResourceBudget
 from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours, workers_to_keep_up
+from pipeline_opt.tune.evidence import PooledEvidence
 from pipeline_opt.tune.measure import Measurement, TrialFailed
 from pipeline_opt.tune.result import Trial
+from pipeline_opt.tune.search_outcome import (
+    SLOTS_TIE_REASON,
+    BaselineFailed,
+    Evaluator,
+    SearchOutcome,
+    adds_shared_slots,
+)
+
+__all__ = ["SLOTS_TIE_REASON", "BaselineFailed", "Evaluator", "Search", "SearchOutcome", "adds_shared_slots"]
 
 log = get_logger("tune.search")
 
 
-class Evaluator(Protocol):
-    """Measures candidates for the search."""
-
-    def measure(self, cfg: LoaderConfig, deadline: float, step_s: float) -> Measurement: ...
-
-    def estimate_s(self, cfg: LoaderConfig, step_s: float) -> float: ...
-
-
-SLOTS_TIE_REASON = ("asked for, and they cut the workers' system time and page faults per batch "
-                    "several-fold")
-
-
-def adds_shared_slots(cfg: LoaderConfig, ref: LoaderConfig) -> bool:
-    """Whether ``cfg`` is ``ref`` with shared slots turned on and nothing else changed."""
-    return cfg.shared_slots and not ref.shared_slots and cfg == ref.with_(shared_slots=True)
-
-
-@dataclass(frozen=True)
-class SearchOutcome:
-    """What the search decided, and the evidence."""
-
-    best: LoaderConfig
-    baseline: LoaderConfig
-    best_throughput: float  # pooled median samples/s
-    baseline_throughput: float
-    noise: float
-    trials: tuple[Trial, ...]
-    not_tried: tuple[str, ...]
-    verdict: str  # one sentence: what won, or that nothing did
-
-    @property
-    def speedup(self) -> float:
-        """The one speedup figure of a tuning run: the pooled median throughput of ``best`` over the
-        baseline's, every window of their trials (interleaved, the final check's included); exactly
-        1.0 when the loader as given is returned."""
-        if self.best == self.baseline:
-            return 1.0
-        return self.best_throughput / max(self.baseline_throughput, 1e-12)
-
-
-class BaselineFailed(Exception):
-    """The loader as given could not be measured (the cause is chained)."""
-
-
-class Search:
+class Search(PooledEvidence):
     """Stateful search over :class:`LoaderConfig` s; see the module docstring for the rules."""
 
     def __init__(
@@ -131,7 +94,7 @@ class Search:
         self.min_gain = min_gain
         self.clock = clock
         self.on_trial = on_trial
-        self.history: dict[LoaderConfig, list[Measurement]] = {}
+        super().__init__()  # self.history: the measurements of each configuration
         self.failed: dict[LoaderConfig, str] = {}
         self.trials: list[Trial] = []
         self.not_tried: list[str] = []
@@ -142,51 +105,9 @@ class Search:
         self.out_of_time = False  # no time left for exploring (the final confirmation has its own reserve)
         self.confirming = False
 
-    # ------------------------------------------------------------------ evidence
-
-    def evidence(self, cfg: LoaderConfig) -> list[Measurement]:
-        """The measurements of ``cfg`` that count: its trials; windows of a profile
-        (``Measurement.from_profile``) only while no trial of ``cfg`` has been measured.
-
-        A profile is not a trial: a profile's windows usually read above the same loader's trials,
-        because the profiler's slower warm-up steps let the workers fill their queue. Pooled with
-        the trials, that one reading would set a wide noise and the tuner would then reject every
-        candidate as within it."""
-        runs = self.history.get(cfg, [])
-        trials = [m for m in runs if not m.from_profile]
-        return trials or list(runs)
-
-    def median(self, cfg: LoaderConfig) -> float:
-        """Pooled median of every window of ``cfg``'s :meth:`evidence`."""
-        windows = [w for m in self.evidence(cfg) for w in m.windows]
-        return float(statistics.median(windows)) if windows else 0.0
-
-    def reference(self, cfg: LoaderConfig) -> float:
-        """What a candidate must beat to replace ``cfg``: its pooled median, or, once ``cfg`` has been
-        measured more than once, its slowest trial's median (a pipeline that ran at that speed in one
-        trial cannot be counted on for more; a lucky first trial must not block a real gain)."""
-        runs = self.evidence(cfg)
-        if len(runs) > 1:
-            return min(m.median for m in runs)
-        return self.median(cfg)
-
-    def window_spread(self, candidate: Measurement, incumbent: LoaderConfig) -> float:
-        """Half the relative window spread of ``candidate`` or of ``incumbent``'s trials (their median),
-        whichever is larger; steady-state windows only (:attr:`Measurement.steady_spread`)."""
-        earlier = [x.steady_spread for x in self.evidence(incumbent)]
-        return max(candidate.steady_spread, statistics.median(earlier) if earlier else 0.0) / 2
-
     def _update_noise(self) -> None:
-        """The noise from the baseline's plain trials only. A profile's windows are a few steps each
-        (two, for a loader without workers) under a profiler, so their spread is not a trial's and,
-        set as the noise, hides real gains (persistent workers' on a short epoch). Until the baseline
-        has a trial, the window spreads of each comparison guard it."""
-        noise = 0.0
-        base = [m for m in self.evidence(self.baseline) if not m.from_profile] if self.baseline is not None else []
-        if base:
-            noise = statistics.median(m.steady_spread for m in base) / 2
-            noise = max(noise, repeat_noise([m.median for m in base]))
-        self.noise = noise
+        """The noise of the baseline's trials so far (:meth:`baseline_noise`)."""
+        self.noise = self.baseline_noise(self.baseline)
 
     def _record(self, cfg: LoaderConfig, m: Measurement | None, accepted: bool, reason: str, status: str = "ok",
                 elapsed: float = 0.0) -> None:

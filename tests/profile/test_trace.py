@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipeline_opt.profile.collector import BatchRecord, WorkerRecord
-from pipeline_opt.profile.main_profiler import BatchReceipt, MainResult
+from pipeline_opt.profile.main_result import BatchReceipt, MainResult
 from pipeline_opt.profile.report import StepRecord
 from pipeline_opt.profile.trace import (
     STEPS_TID,
@@ -106,3 +106,11 @@ def test_main_process_loader_spans_go_to_the_main_pid():
     t0 = 1_700_000_000_000_000_000
     events = build_trace(_main_result(t0), [_worker(-1, 999, t0)], main_pid=1, num_workers=0)
     assert {e["pid"] for e in events if e.get("cat") in ("sample", "transform", "collate")} == {1}
+
+
+def test_the_results_moved_out_of_the_main_profiler_stay_importable_from_there():
+    from pipeline_opt.profile import main_analysis, main_profiler, main_result
+
+    assert main_profiler.MainResult is MainResult and main_profiler.BatchReceipt is BatchReceipt
+    assert main_profiler.median is main_result.median
+    assert main_profiler.RANGE_NAMES is main_analysis.RANGE_NAMES

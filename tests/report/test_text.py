@@ -108,8 +108,8 @@ def _with_pixel_changes():
 
 
 def test_a_change_that_altered_no_pixel_checked_is_not_called_a_difference():
-    from pipeline_opt.tune.api import samples_clause
     from pipeline_opt.tune.exactness import PixelChange
+    from pipeline_opt.tune.vetting import samples_clause
 
     same = PixelChange("JPEG draft decoding", "decode", "decode=draft", 0.0, 0.0, 12)
     result = dataclasses.replace(make_tune(), exactness="decode", pixel_changes=(same,), pixel_checks=(same,))

@@ -125,12 +125,12 @@ def test_bad_arguments(kwargs, exc, words):
 def test_the_profiles_windows_are_marked_as_a_profile_not_a_trial():
     from types import SimpleNamespace
 
-    from pipeline_opt.tune.api import _profile_measurement
     from pipeline_opt.tune.candidates import LoaderConfig
+    from pipeline_opt.tune.first_guess import profile_measurement
 
     steps = [SimpleNamespace(step_s=0.1, samples=8) for _ in range(8)]
     report = SimpleNamespace(steps=steps, batch_size=8, compute_time_s=0.05, step_time_s=0.1, data_wait_frac=0.5)
-    m = _profile_measurement(report, LoaderConfig(num_workers=2), elapsed_s=3.0)
+    m = profile_measurement(report, LoaderConfig(num_workers=2), elapsed_s=3.0)
     assert m is not None and m.from_profile and m.windows and m.median == pytest.approx(80.0)
 
 

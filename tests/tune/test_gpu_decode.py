@@ -158,13 +158,13 @@ class _RecordingSearch:
 
 @pytest.mark.parametrize("wins", [True, False])
 def test_the_gpu_decode_candidate_decodes_in_the_thread_in_one_trial_with_few_workers(folder, wins):
-    from pipeline_opt.tune.api import _tune_gpu_decode
+    from pipeline_opt.tune.steps import tune_gpu_decode
 
     loader = _loader(folder, T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)]))
     plan, _ = plan_nvjpeg_decode(loader)
     # the step keeps up (1000 img/s of 128-image batches is 0.128 s a step, the step's own 0.12 s)
     search = _RecordingSearch(LoaderConfig(6, gpu_transforms=("Normalize",)), wins, compute_s=0.12)
-    _tune_gpu_decode(search, plan, "")
+    tune_gpu_decode(search, plan, "")
     tries = [c for c in search.calls if c[0] == "try"]
     assert len(tries) == 1, search.calls  # no second trial of the same decode in the training loop
     changes = tries[0][2]
@@ -178,14 +178,14 @@ def test_the_gpu_decode_candidate_decodes_in_the_thread_in_one_trial_with_few_wo
 
 
 def test_a_gpu_decode_that_lost_waiting_on_data_is_tried_again_with_the_incumbents_workers(folder):
-    from pipeline_opt.tune.api import _tune_gpu_decode
+    from pipeline_opt.tune.steps import tune_gpu_decode
 
     loader = _loader(folder, T.Compose([T.Resize((32, 40)), T.ToTensor(), T.Normalize(MEAN, STD)]))
     plan, _ = plan_nvjpeg_decode(loader)
     # slow file reads: 4 workers deliver 400 img/s (0.32 s a batch) for a 0.05 s step; 8 workers win
     search = _RecordingSearch(LoaderConfig(8, gpu_transforms=("Normalize",)), wins=lambda n: n == 8,
                               rates={4: 400.0, 8: 900.0}, compute_s=0.05)
-    _tune_gpu_decode(search, plan, "")
+    tune_gpu_decode(search, plan, "")
     tries = [c for c in search.calls if c[0] == "try"]
     assert [t[2]["num_workers"] for t in tries] == [4, 8]
     assert "Little's law asks for" in tries[1][1]
@@ -194,7 +194,7 @@ def test_a_gpu_decode_that_lost_waiting_on_data_is_tried_again_with_the_incumben
 
 @pytest.mark.parametrize("workers", [2, 4])
 def test_gpu_decode_starts_with_no_more_workers_than_the_incumbent(workers):
-    from pipeline_opt.tune.api import gpu_decode_workers
+    from pipeline_opt.tune.steps import gpu_decode_workers
 
     assert gpu_decode_workers(workers, 16) == workers
     assert gpu_decode_workers(15, 16) == NVJPEG_WORKERS
@@ -203,8 +203,8 @@ def test_gpu_decode_starts_with_no_more_workers_than_the_incumbent(workers):
 
 
 def test_without_a_plan_the_gpu_decode_is_skipped_with_the_reason():
-    from pipeline_opt.tune.api import _tune_gpu_decode
+    from pipeline_opt.tune.steps import tune_gpu_decode
 
     search = _RecordingSearch(LoaderConfig(2), wins=True)
-    _tune_gpu_decode(search, None, "the Compose has a RandomRotation")
+    tune_gpu_decode(search, None, "the Compose has a RandomRotation")
     assert search.calls == [("skip", "nvjpeg decode", {"why": "the Compose has a RandomRotation"})]

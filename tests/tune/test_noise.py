@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 from tune_fixtures import Fast, tiny_model
 
 from pipeline_opt._core.step import default_step
-from pipeline_opt.tune.api import _profile_measurement
 from pipeline_opt.tune.budget import compute_budget
 from pipeline_opt.tune.candidates import LoaderConfig
+from pipeline_opt.tune.first_guess import profile_measurement
 from pipeline_opt.tune.measure import Measurement, measure_throughput
 from pipeline_opt.tune.search import Search
 
@@ -77,12 +77,12 @@ def test_profile_steps_on_the_prefilled_queue_are_not_a_window():
     # so its first 6 steps ran at the step's own speed (5 ms), the rest waited for data (100 ms)
     steps = [SimpleNamespace(step_s=0.005 if i < 6 else 0.100, samples=8) for i in range(22)]
     report = SimpleNamespace(steps=steps, batch_size=8, compute_time_s=0.005, step_time_s=0.1, data_wait_frac=0.9)
-    m = _profile_measurement(report, LoaderConfig(num_workers=4), elapsed_s=3.0)
+    m = profile_measurement(report, LoaderConfig(num_workers=4), elapsed_s=3.0)
     assert m.windows and m.startup_windows == () and m.spread == pytest.approx(0.0)
     assert m.median == pytest.approx(80.0)
     # too few steps to drop them: the windows stay, marked, and the noise ignores them
     short = SimpleNamespace(**{**report.__dict__, "steps": steps[:9]})
-    m = _profile_measurement(short, LoaderConfig(num_workers=4), elapsed_s=3.0)
+    m = profile_measurement(short, LoaderConfig(num_workers=4), elapsed_s=3.0)
     assert m.startup_windows == (0, 1) and m.steady_spread == 0.0
 
 

@@ -316,11 +316,11 @@ def test_shared_slots_config_is_pinned_round_trips_and_needs_workers():
 def _flags_search(rate):
     import torch
 
-    from pipeline_opt.tune.api import _tune_flags
+    from pipeline_opt.tune.steps import tune_flags
 
     s, ev = _search(rate)
     s.start(LoaderConfig(4, prefetch_factor=2))
-    _tune_flags(s, _dataloader(), torch.device("cuda"))
+    tune_flags(s, _dataloader(), torch.device("cuda"))
     return s.outcome(), ev
 
 
@@ -428,32 +428,32 @@ def test_the_slots_tie_rule_needs_slots_to_be_the_only_change():
 def test_shared_slots_are_not_tried_off_cuda_or_without_workers():
     import torch
 
-    from pipeline_opt.tune.api import _tune_shared_slots
+    from pipeline_opt.tune.steps import tune_shared_slots
 
     for dev, cfg, words in ((torch.device("cpu"), LoaderConfig(4), "device is cpu"),
                             (torch.device("cuda"), LoaderConfig(0), "no workers"),
                             (torch.device("cuda"), LoaderConfig(4, decode="nvjpeg"), "nvJPEG")):
         s, ev = _search(lambda c: 100.0)
         s.start(cfg)
-        _tune_shared_slots(s, _dataloader(), dev, enabled=True)
+        tune_shared_slots(s, _dataloader(), dev, enabled=True)
         assert not any(c.shared_slots for c in ev.calls)
         assert any(words in line for line in s.not_tried), s.not_tried
     s, ev = _search(lambda c: 100.0)
     s.start(LoaderConfig(4))
-    _tune_shared_slots(s, _dataloader(), torch.device("cuda"), enabled=False)
+    tune_shared_slots(s, _dataloader(), torch.device("cuda"), enabled=False)
     assert any("shared_slots=False" in line for line in s.not_tried)
 
 
 def test_flag_changes_keep_the_given_worker_count_when_the_cap_is_below_it():
     import torch
 
-    from pipeline_opt.tune.api import _tune_flags
+    from pipeline_opt.tune.steps import tune_flags
 
     # an 8-worker loader on a machine whose worker cap is 6 (the H200 at 8 cores): the cap stops the
     # tuner from adding workers, not from changing a flag of the configuration the user runs
     s, ev = _search(lambda c: 130.0 if c.shared_slots else 100.0, max_workers=6)
     s.start(LoaderConfig(8, prefetch_factor=4))
-    _tune_flags(s, _dataloader(), torch.device("cuda"))
+    tune_flags(s, _dataloader(), torch.device("cuda"))
     assert LoaderConfig(8, prefetch_factor=4, shared_slots=True) in ev.calls
     assert s.outcome().best.shared_slots and s.outcome().best.num_workers == 8
     assert not s.consider(LoaderConfig(10, prefetch_factor=4), "more workers")  # adding stays capped
@@ -535,12 +535,9 @@ def _tune_decode_bound(main_cpu_s):
 
     import torch
 
-    from pipeline_opt.tune.api import (
-        _first_guess,
-        _retry_with_persistent_workers,
-        _tune_flags,
-        persistent_for_short_epochs,
-    )
+    from pipeline_opt.tune.candidates import persistent_for_short_epochs
+    from pipeline_opt.tune.first_guess import first_guess
+    from pipeline_opt.tune.steps import retry_with_persistent_workers, tune_flags
 
     budget = compute_budget(cpus=16, pin_thread=True, main_cpu_s=main_cpu_s, worker_cpu_s=BATCH_S, pin_cpu_s=0.015,
                             ram_available_bytes=2**37, ram_per_worker_bytes=2**30, batches_per_epoch=EPOCH)
@@ -550,12 +547,12 @@ def _tune_decode_bound(main_cpu_s):
     base = LoaderConfig(4, pin_memory=True)
     s.start(base, ev.measure(base, 0, 0))
     report = SimpleNamespace(batch_cpu_s=BATCH_S, compute_time_s=STEP_S, step_time_s=0.6, data_wait_frac=0.94)
-    guess = _first_guess(report, None, budget, STEP_S)
+    guess = first_guess(report, None, budget, STEP_S)
     first, why = persistent_for_short_epochs(base.with_(num_workers=guess), budget.batches_per_epoch)
     s.calibrate(first, "Little's law first guess" + why)
-    _retry_with_persistent_workers(s, first)
+    retry_with_persistent_workers(s, first)
     s.tune_workers()
-    _tune_flags(s, None, torch.device("cuda"), shared_slots=False)
+    tune_flags(s, None, torch.device("cuda"), shared_slots=False)
     s.confirm()
     return budget, guess, s.outcome(), ev
 
@@ -604,7 +601,7 @@ def test_a_short_epochs_first_guess_is_persistent_and_says_why():
 def test_workers_that_lose_to_their_restarts_are_tried_persistent_before_the_climb_from_none():
     # a long epoch, but every worker start costs 30 s (a slow dataset init on busy cores): the first
     # guess, restarted each epoch, is slower than no workers; the same workers started once are 4x
-    from pipeline_opt.tune.api import _retry_with_persistent_workers
+    from pipeline_opt.tune.steps import retry_with_persistent_workers
 
     def rate(cfg):
         if cfg.num_workers == 0:
@@ -617,7 +614,7 @@ def test_workers_that_lose_to_their_restarts_are_tried_persistent_before_the_cli
     guess = LoaderConfig(8)
     s.calibrate(guess, "Little's law first guess")
     assert s.incumbent == base
-    _retry_with_persistent_workers(s, guess)
+    retry_with_persistent_workers(s, guess)
     assert s.incumbent.persistent_workers and s.incumbent.num_workers >= 1
     kept = [t for t in s.trials if t.accepted and t.config["persistent_workers"]]
     assert kept and "started once (persistent)" in kept[0].reason
@@ -687,3 +684,27 @@ def test_a_noisy_profile_of_the_baseline_does_not_set_the_noise():
     s.confirm()
     assert ev.calls.count(base) == 1 and s.noise < 0.05  # the plain baseline trial sets the noise
     assert s.outcome().best == persistent
+
+
+def test_the_names_moved_out_of_the_api_and_the_search_stay_importable_from_there():
+    from pipeline_opt.tune import (
+        api,
+        candidates,
+        first_guess,
+        search,
+        search_outcome,
+        steps,
+        validate,
+        vetting,
+    )
+
+    assert api._tune_flags is steps.tune_flags and api._tune_shared_slots is steps.tune_shared_slots
+    assert api._tune_gpu_decode is steps.tune_gpu_decode and api.gpu_decode_workers is steps.gpu_decode_workers
+    assert api._retry_with_persistent_workers is steps.retry_with_persistent_workers
+    assert api._first_guess is first_guess.first_guess
+    assert api._profile_measurement is first_guess.profile_measurement
+    assert api.samples_clause is vetting.samples_clause and api.EXACT_REFUSAL is vetting.EXACT_REFUSAL
+    assert api._check_baseline is validate.check_baseline and api.BASELINE_KEYS is validate.BASELINE_KEYS
+    assert api.persistent_for_short_epochs is candidates.persistent_for_short_epochs
+    for name in ("BaselineFailed", "Evaluator", "SearchOutcome", "SLOTS_TIE_REASON", "adds_shared_slots"):
+        assert getattr(search, name) is getattr(search_outcome, name)
