@@ -15,7 +15,12 @@ Rows
 With ``--pipeline train`` the loader is a random training pipeline (RandomResizedCrop(224),
 RandomHorizontalFlip, ToTensor, Normalize) and the grid's GPU decode is the random-augmentation replay
 (the workers draw the parameters, the device decodes with nvJPEG and replays them: decode=replay);
-draft decoding does not apply to a random crop.
+draft decoding does not apply to a random crop. With ``--pipeline tvref`` it is torchvision's reference
+training recipe (references/classification, ``ClassificationPresetTrain`` with ``--auto-augment ta_wide
+--random-erase 0.25``): RandomResizedCrop(224, bilinear), RandomHorizontalFlip, TrivialAugmentWide
+(bilinear), PILToTensor, ConvertImageDtype(float), Normalize, RandomErasing(0.25); its replay moves the
+policy's draws into the workers and its pixels to the device. The random pipelines' final pass also
+measures the best coarse CPU point (``final: grid ... decode=pil``), the row "best CPU grid point" compares.
 A final interleaved pass (rounds of limit, default, the top grid points — rows ``final: grid ...`` —
 and autotune, alternating order) gives the medians the ratios are computed from.
 
@@ -65,7 +70,8 @@ class Sizes:
     min_steps: int = 4
     min_seconds: float = 1.0
     max_seconds: float = 6.0
-    pipeline: str = "eval"  # "eval": Resize/ToTensor/Normalize; "train": RandomResizedCrop/flip/ToTensor/Normalize
+    pipeline: str = "eval"  # "eval": Resize/ToTensor/Normalize; "train": RandomResizedCrop/flip/ToTensor/Normalize;
+    # "tvref": torchvision's reference recipe (TrivialAugmentWide + RandomErasing)
 
 
 QUICK = Sizes(n_images=48, image_size=(320, 240), crop=32, batch=8, model="resnet18", workers=(2,),
@@ -126,8 +132,22 @@ class Trainer:
 # pipelines
 
 
+PIPELINES = ("eval", "train", "tvref")
+
+
+def is_random(pipeline: str) -> bool:
+    """A random training pipeline: its GPU decode is the replay of the workers' draws."""
+    return pipeline != "eval"
+
+
 def cpu_compose(crop: int, pipeline: str = "eval") -> T.Compose:
-    """The all-on-CPU pipeline of the default row (``pipeline="train"``: the random training one)."""
+    """The all-on-CPU pipeline of the default row (``"train"``: the random training one; ``"tvref"``:
+    torchvision's reference recipe with TrivialAugmentWide and RandomErasing)."""
+    if pipeline == "tvref":
+        bilinear = T.InterpolationMode.BILINEAR
+        return T.Compose([T.RandomResizedCrop(crop, interpolation=bilinear, antialias=True),
+                          T.RandomHorizontalFlip(), T.TrivialAugmentWide(interpolation=bilinear), T.PILToTensor(),
+                          T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.25)])
     if pipeline == "train":
         return T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     return T.Compose([T.Resize((crop, crop)), T.ToTensor(), T.Normalize(MEAN, STD)])
@@ -137,7 +157,7 @@ def replay_source(root: Path, sizes: Sizes, point: Point, device: torch.device) 
     """The random training pipeline replayed on the device (what po.autotune offers for it)."""
     from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
 
-    dataset = torchvision.datasets.ImageFolder(root, transform=cpu_compose(sizes.crop, "train"))
+    dataset = torchvision.datasets.ImageFolder(root, transform=cpu_compose(sizes.crop, sizes.pipeline))
     loader = make_loader(dataset, sizes, point.workers, point.pin)
     plan, why = plan_random_gpu_pipeline(loader)
     if plan is None:
@@ -207,7 +227,7 @@ def grid_points(sizes: Sizes, cores: int) -> list[Point]:
     """Every point, likely-fast first (GPU decode, then draft, then PIL; more workers first)."""
     workers = sorted({w if w > 0 else cores for w in sizes.workers}, reverse=True)
     points = []
-    for decode in (TRAIN_DECODES if sizes.pipeline == "train" else DECODES):
+    for decode in (TRAIN_DECODES if is_random(sizes.pipeline) else DECODES):
         for offload in (True, False):
             if decode.removesuffix(THREAD) in ("nvjpeg", "replay") and not offload:
                 continue  # GPU decoding is an offload by definition
@@ -279,6 +299,9 @@ def run(args: Any) -> Path:
                                   lambda: build_source(root, sizes, default_point, device), trainer,
                                   asdict(default_point))]
     top = coarse_ok[: sizes.top_k]
+    best_cpu = next((r for r in coarse_ok if r.name.endswith("decode=pil")), None)
+    if is_random(sizes.pipeline) and best_cpu is not None and best_cpu not in top:
+        top = [*top, best_cpu]  # the CPU path's best point, measured in the same final pass
     by_name = {p.name: p for p in points}
     for r in top:
         p = by_name[r.name]
@@ -305,7 +328,7 @@ def run(args: Any) -> Path:
 
     summary = summarize(rows, final_rows, coarse_ok, tune_info, noise, gen_s, pipeline=sizes.pipeline)
     path = H.write_result(
-        args.out, NAME if sizes.pipeline == "eval" else f"{NAME}_train", rows,
+        args.out, NAME if sizes.pipeline == "eval" else f"{NAME}_{sizes.pipeline}", rows,
         config={**asdict(sizes), "device": str(device), "dataset": str(root), "grid_points": len(points)},
         summary=summary, started=started,
         ledger={"model": sizes.model, "batch": sizes.batch, "resolution": sizes.crop, "ddp": False,
@@ -357,7 +380,7 @@ def grid_point_of(config: dict[str, Any] | None, pipeline: str = "eval") -> Poin
     if not config or config.get("shared_slots"):
         return None
     decode = config.get("decode") or "pil"
-    if decode == "nvjpeg" and pipeline == "train":
+    if decode == "nvjpeg" and is_random(pipeline):
         decode = "replay"  # the training pipeline's GPU decode replays the workers' random draws
     gpu = decode in ("nvjpeg", "replay")
     return Point(int(config.get("num_workers") or 0), bool(config.get("pin_memory")),
@@ -371,6 +394,7 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
     default = final_rows[1]
     grid_final = [r for r in final_rows if r.name.startswith("final: grid") and r.status == "ok"]
     grid_best = max(grid_final, key=lambda r: r.median, default=None)
+    cpu_best = max((r for r in grid_final if r.name.endswith("decode=pil")), key=lambda r: r.median, default=None)
     auto = by.get("autotune")
     out: dict[str, Any] = {
         "dataset_generation_s": gen_s,
@@ -382,6 +406,8 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
         "autotune_vs_default": H.ratio(auto, default),
         "autotune_vs_limit": H.ratio(auto, limit),
         "grid_best_vs_limit": H.ratio(grid_best, limit),
+        "cpu_grid_best": None if cpu_best is None else cpu_best.name,
+        "autotune_vs_cpu_grid_best": H.ratio(auto, cpu_best),
         "default_vs_limit": H.ratio(default, limit),
         "autotune_tuning_time_s": tune_info.get("tuning_time_s"),
         "autotune_info": tune_info,
@@ -404,6 +430,9 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
         "autotune >= 0.8x limit": _meets(out["autotune_vs_limit"], 0.8),
         "tuning <= 90 s": None if out["autotune_tuning_time_s"] is None else out["autotune_tuning_time_s"] <= 90.0,
     }
+    if pipeline == "tvref":  # the recipe's own targets: half the limit, 1.5x the CPU path's best
+        out["targets"].update({"autotune >= 0.5x limit": _meets(out["autotune_vs_limit"], 0.5),
+                               "autotune >= 1.5x best CPU grid point": _meets(out["autotune_vs_cpu_grid_best"], 1.5)})
     return out
 
 
@@ -430,8 +459,9 @@ def _meets(value: float | None, threshold: float) -> bool | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = H.common_parser(__doc__.splitlines()[0])
-    parser.add_argument("--pipeline", choices=("eval", "train"), default=None,
-                        help="eval: Resize/ToTensor/Normalize (default); train: RandomResizedCrop/flip/ToTensor/Normalize")
+    parser.add_argument("--pipeline", choices=PIPELINES, default=None,
+                        help="eval: Resize/ToTensor/Normalize (default); train: RandomResizedCrop/flip/ToTensor/"
+                             "Normalize; tvref: torchvision's reference recipe (TrivialAugmentWide, RandomErasing)")
     parser.add_argument("--grid-points", type=int, default=None,
                         help="measure only the first N grid points (likely-fast first), for a short re-run")
     args = parser.parse_args(argv)

@@ -613,6 +613,26 @@ def test_classification_training_pipeline_grid_replays_on_the_device_and_drops_d
     assert {p.decode for p in grid_points(QUICK, cores=2)} == {"nvjpeg", "nvjpeg-thread", "draft", "pil"}
 
 
+def test_classification_reference_recipe_is_replayed_on_the_device(tiny_image_folder):
+    """torchvision's reference recipe (TrivialAugmentWide, RandomErasing) gets the replay grid, and the
+    plan autotune would use accepts it: the policy's draws in the workers, its pixels on the device."""
+    from dataclasses import replace
+
+    import torchvision
+
+    from benchmarks.bench_classification import QUICK, cpu_compose, grid_points
+    from pipeline_opt.loading.random_plan import plan_random_gpu_pipeline
+
+    pytest.importorskip("kornia")
+    tvref = replace(QUICK, pipeline="tvref")
+    assert {p.decode for p in grid_points(tvref, cores=2)} == {"replay", "replay-thread", "pil"}
+    names = [type(t).__name__ for t in cpu_compose(32, "tvref").transforms]
+    assert names[2] == "TrivialAugmentWide" and names[-1] == "RandomErasing"
+    dataset = torchvision.datasets.ImageFolder(str(tiny_image_folder), transform=cpu_compose(32, "tvref"))
+    plan, why = plan_random_gpu_pipeline(dataset)
+    assert plan is not None and "TrivialAugmentWide" in plan.moved, why
+
+
 def test_classification_names_the_grid_row_of_autotunes_configuration():
     from benchmarks import harness as H
     from benchmarks.bench_classification import grid_point_of, summarize

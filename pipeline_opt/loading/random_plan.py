@@ -12,8 +12,7 @@ candidate loader needs:
   three around a clone of the user's loader (same sampler, order, generator);
 * ``plan.exactness`` — ``"decode"``: the same draws, and pixels that differ only by the decoder
   (nvJPEG vs libjpeg on CUDA) and the resize rounding (torchvision's tensor kernel vs Pillow's
-  8-bit two-pass one); ``"distribution"`` in same-distribution mode (random policies drawn on the
-  device: same distribution, not same draws);
+  8-bit two-pass one), random policies (AutoAugment, RandAugment, TrivialAugmentWide) included;
 * ``plan.measure_error(device)`` — the measured-error hook
   (:func:`~pipeline_opt.transforms.replay_parity.measure_replay_error`) and ``plan.within_tolerance(parity)`` to accept or
   reject the candidate on it.
@@ -51,7 +50,7 @@ log = get_logger("loading.random_plan")
 
 HEADERS_CHECKED = 16  # JPEG headers read at planning time (colour components, readable frame header)
 _RANDOM_KINDS = frozenset({"resized_crop", "crop", "hflip", "vflip", "color_jitter", "random_grayscale", "erase",
-                           "policy"})
+                           "auto_augment"})
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,7 @@ class RandomGpuPlan:
     transform: Any  # the original Compose (its transforms are the sampler's)
     target_transform: Any
     moved: tuple[str, ...]  # the transforms the device replays, in order
-    exactness: str  # "decode" (same draws) or "distribution" (same-distribution mode)
-    same_distribution: bool = False
+    exactness: str = "decode"  # same draws: the pixels differ by the decoder and the resampling rounding only
     tolerance: Tolerance = field(default_factory=Tolerance)
 
     @property
@@ -82,7 +80,7 @@ class RandomGpuPlan:
         return replay_collate
 
     def sampler(self) -> ReplaySampler:
-        return ReplaySampler.from_compose(self.transform, same_distribution=self.same_distribution)
+        return ReplaySampler.from_compose(self.transform)
 
     def dataset(self) -> ReplayDataset:
         """The workers' dataset: ``(bytes, ReplayParams, label)`` per file."""
@@ -104,7 +102,7 @@ class RandomGpuPlan:
 
     def measure_error(self, device: torch.device | str = "cpu", n: int = 16, seed: int = 0) -> Any:
         """The measured-error hook: :func:`~pipeline_opt.transforms.replay_parity.measure_replay_error` on ``n`` of the
-        plan's files (``device="cuda"`` includes nvJPEG). Not available in same-distribution mode."""
+        plan's files (``device="cuda"`` includes nvJPEG)."""
         owner = SimpleNamespace(samples=list(self.samples), transform=self.transform,
                                 target_transform=self.target_transform)
         return measure_replay_error(owner, n=n, seed=seed, device=device)
@@ -121,9 +119,8 @@ class RandomGpuPlan:
         return True, ""
 
     def describe(self) -> list[str]:
-        what = ("same distribution, not same draws" if self.exactness == "distribution"
-                else "same draws; pixels differ by the decoder and the resize rounding only")
-        return [f"{len(self.samples)} JPEG files; GPU replays {', '.join(self.moved)}", f"exactness: {what}"]
+        return [f"{len(self.samples)} JPEG files; GPU replays {', '.join(self.moved)}",
+                "exactness: same draws; pixels differ by the decoder and the resize rounding only"]
 
 
 def _dataset_of(obj: Any) -> tuple[Any, Any]:
@@ -140,8 +137,8 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
     Applies to an ImageFolder-like dataset (``.samples`` of JPEG files, the default image loader)
     whose ``transform`` is a torchvision Compose :func:`~pipeline_opt.transforms.replay.recognise` replays and that has at
     least one random transform (deterministic pipelines are the nvJPEG decode plan's). Given a
-    DataLoader, it must batch with the default collate. ``same_distribution=True`` admits random
-    policies (AutoAugment, RandAugment, TrivialAugmentWide), drawn on the device.
+    DataLoader, it must batch with the default collate. ``same_distribution`` is accepted for
+    compatibility and changes nothing (the random policies are replayed with the same draws).
     """
     if importlib.util.find_spec("kornia") is None:
         return None, "Kornia is not installed (the GPU stage is built on it): pip install 'pipeline-opt[gpu]'"
@@ -172,10 +169,8 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
         if header.components not in (1, 3):
             return None, (f"{path} has {header.components} colour components (CMYK/YCCK): Pillow and the GPU "
                           "decoder convert those to RGB differently")
-    policy = any(s.kind == "policy" for s in steps)
     plan = RandomGpuPlan(samples=tuple((str(p), y) for p, y in samples), transform=transform,
                          target_transform=getattr(dataset, "target_transform", None),
-                         moved=tuple(s.name for s in steps), exactness="distribution" if policy else "decode",
-                         same_distribution=bool(same_distribution))
+                         moved=tuple(s.name for s in steps))
     log.info("random GPU plan: %s", "; ".join(plan.describe()))
     return plan, ""

@@ -43,13 +43,13 @@ from pipeline_opt.transforms.jpeg_batch import decode_jpegs, unpack_jpegs
 from pipeline_opt.transforms.replay import GEOMETRIC, ReplayBatch, ReplaySampler, ReplayStep, recognise
 from pipeline_opt.transforms.replay_ops import (
     ReplayAugment,
+    ReplayAutoAugment,
     ReplayCenterCrop,
     ReplayColorJitter,
     ReplayCrop,
     ReplayErasing,
     ReplayGrayscale,
     ReplayHorizontalFlip,
-    ReplayPolicy,
     ReplayResize,
     ReplayResizedCrop,
     ReplayVerticalFlip,
@@ -58,7 +58,7 @@ from pipeline_opt.transforms.replay_ops import (
 
 __all__ = [
     "RandomGpuPipeline", "ReplayCenterCrop", "ReplayColorJitter", "ReplayCrop", "ReplayErasing", "ReplayGrayscale",
-    "ReplayHorizontalFlip", "ReplayPolicy", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
+    "ReplayHorizontalFlip", "ReplayAutoAugment", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
     "replay_module",
 ]
 

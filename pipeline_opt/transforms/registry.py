@@ -29,6 +29,7 @@ from torchvision.transforms import InterpolationMode
 
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms.cpu_ops import ToUint8CHW
+from pipeline_opt.transforms.policy_draws import check_policy, policy_slots
 from pipeline_opt.transforms.transform_info import BOUNDARY, ReplaySpec, TransformInfo, UnsupportedTransform
 
 __all__ = ["BOUNDARY", "DEVICE_HINTS", "ReplaySpec", "TransformInfo", "UnsupportedTransform", "device_exactness",
@@ -40,8 +41,6 @@ DEVICE_HINTS = {
              "(and ship uint8)",
     "replay": "po.autotune(loader, model) replays it on the GPU with the same draws "
               "(po.transforms.split_random_transforms(compose) by hand)",
-    "policy": "po.transforms.split_random_transforms(compose, same_distribution=True) runs it on the GPU "
-              "(same distribution, not the same draws)",
     "kornia": "its kornia.augmentation counterpart on the batch (its own draws)",
 }
 
@@ -307,6 +306,28 @@ def _replay_erase(t: Any, domain: str) -> ReplaySpec:
     return ReplaySpec("erase", {"p": float(t.p), "value": None if value is None else tuple(value)}, domain)
 
 
+def _replay_policy(t: Any, domain: str) -> ReplaySpec:
+    """AutoAugment / RandAugment / TrivialAugmentWide: their draws replayed (policy_draws), their ops
+    on the device in Pillow's or torchvision's tensor arithmetic (policy_kernels)."""
+    check_policy(t)
+    name = type(t).__name__
+    if domain == "float":
+        raise UnsupportedTransform(f"{name} on a float tensor is not replayed (torchvision's policies run on PIL "
+                                   "images or uint8 tensors)")
+    mode = InterpolationMode(t.interpolation) if isinstance(t.interpolation, str) else t.interpolation
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise UnsupportedTransform(f"{name}(interpolation={mode}) is not replayed: only nearest and bilinear")
+    fill = t.fill
+    if isinstance(fill, dict):
+        raise UnsupportedTransform(f"{name}(fill={fill!r}): a fill per input type is not replayed; give one "
+                                   "number or one per channel")
+    if fill is not None:
+        fill = (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
+    slots = policy_slots(t)
+    return ReplaySpec("auto_augment", {"slots": slots, "width": 2 * slots, "interpolation": mode.value,
+                                       "fill": fill}, domain)
+
+
 # ------------------------------------------------------------------------------------------- entries
 
 def _classes(*names: str, v1: bool = True, v2: bool = True) -> tuple[type, ...]:
@@ -365,10 +386,10 @@ _ENTRIES: tuple[TransformInfo, ...] = (
     _tv("RandomGrayscale", "random_grayscale", "colour", random=True, device="replay",
         replay=_replay_random_grayscale),
     _tv("RandomErasing", "erase", "erase", random=True, device="replay", replay=_replay_erase),
-    # random policies: the same distribution on the device (their draws are made inside forward)
-    _tv("AutoAugment", "policy", "policy", random=True, device="policy"),
-    _tv("RandAugment", "policy", "policy", random=True, device="policy"),
-    _tv("TrivialAugmentWide", "policy", "policy", random=True, device="policy"),
+    # random policies: their draws replayed in the worker, their ops on the device
+    _tv("AutoAugment", "policy", "policy", random=True, device="replay", replay=_replay_policy),
+    _tv("RandAugment", "policy", "policy", random=True, device="replay", replay=_replay_policy),
+    _tv("TrivialAugmentWide", "policy", "policy", random=True, device="replay", replay=_replay_policy),
     _tv("AugMix", "policy", "policy", random=True),
     # random augmentations Kornia has (not moved automatically)
     _tv("GaussianBlur", "blur", "blur", random=True, device="kornia"),

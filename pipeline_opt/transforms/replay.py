@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -40,6 +41,7 @@ from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import gpu, registry
 from pipeline_opt.transforms.jpeg_batch import packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header
+from pipeline_opt.transforms.policy_draws import draw_policy
 from pipeline_opt.transforms.transform_info import ReplaySpec, UnsupportedTransform
 
 __all__ = [
@@ -50,8 +52,9 @@ __all__ = [
 log = get_logger("transforms.replay")
 
 # Row width (float64 slots per sample) of each kind that draws parameters.
+# (a policy's width is in its options: two per operation slot)
 _WIDTH = {"resized_crop": 4, "crop": 10, "hflip": 1, "vflip": 1, "color_jitter": 8, "random_grayscale": 1,
-          "erase": 5, "policy": 0}
+          "erase": 5}
 # Kinds that change the image size (so the batch can only be stacked after the last of them).
 GEOMETRIC = frozenset({"resized_crop", "crop", "center_crop", "resize"})
 @dataclass(frozen=True, eq=False)
@@ -60,7 +63,7 @@ class ReplayStep:
 
     ``kind`` says what it does (``resized_crop``, ``crop``, ``center_crop``, ``resize``, ``hflip``,
     ``vflip``, ``color_jitter``, ``grayscale``, ``random_grayscale``, ``to_uint8``, ``to_float``,
-    ``normalize``, ``erase``, ``policy``); ``flavour`` the arithmetic of the image it runs on in the
+    ``normalize``, ``erase``, ``auto_augment``); ``flavour`` the arithmetic of the image it runs on in the
     CPU pipeline (``pil``, ``uint8``, ``float``); ``offset`` / ``width`` its slots in the per-sample
     parameter row; ``transform`` the original object (its sampling functions are called);
     ``options`` the static settings the device side needs (sizes, probabilities, fill values...).
@@ -126,27 +129,21 @@ def _replayed_names() -> str:
     return ", ".join(names)
 
 
-def _spec(t: Any, flavour: str, same_distribution: bool) -> ReplaySpec:
+def _spec(t: Any, flavour: str) -> ReplaySpec:
     """``t``'s :class:`ReplaySpec` on an image of ``flavour``, from its registry entry; raises
     :class:`UnsupportedTransform` naming what is not replayed."""
-    name = type(t).__name__
     info = registry.info_of(t)
-    if info is not None and info.op == "policy":
-        if not same_distribution:
-            raise UnsupportedTransform(
-                f"{name} draws its operation and magnitude inside its forward, so its draws cannot be replayed; "
-                "pass same_distribution=True to run it on the GPU with its own draws (same distribution, "
-                "not same draws)")
-        if flavour == "float":
-            raise UnsupportedTransform(f"{name} on a float tensor is not replayed (torchvision's policies "
-                                       "run on PIL images or uint8 tensors)")
-        if info.device != "policy":
-            raise UnsupportedTransform(f"{name} is not replayed, not even in same-distribution mode")
-        return ReplaySpec("policy", {}, flavour)
     if info is None or info.replay is None:
-        raise UnsupportedTransform(f"{name} is not replayed on the GPU (replayed: {_replayed_names()}; "
+        raise UnsupportedTransform(f"{type(t).__name__} is not replayed on the GPU (replayed: {_replayed_names()}; "
                                    "exact classes, not subclasses)")
     return info.replay(t, flavour)
+
+
+def _warn_same_distribution(same_distribution: bool) -> None:
+    if same_distribution:
+        warnings.warn("same_distribution=True is no longer needed: AutoAugment, RandAugment and TrivialAugmentWide "
+                      "are replayed with the same draws; the argument changes nothing", DeprecationWarning,
+                      stacklevel=3)
 
 
 def _is_fixed_size(spec: ReplaySpec) -> bool:
@@ -160,19 +157,19 @@ def recognise(compose: Any, same_distribution: bool = False) -> tuple[ReplayStep
 
     Raises :class:`UnsupportedTransform` naming the first transform that cannot be replayed, or
     when the pipeline does not end in one image size (the batch could not be stacked) or does not
-    end as a float tensor or uint8 tensor. With ``same_distribution=True`` the random policies
-    (``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``) are accepted as ``policy`` steps the
-    device applies with its own draws: from then on the draws are not the CPU pipeline's (see
-    :class:`ReplaySampler`).
+    end as a float tensor or uint8 tensor. The random policies (``AutoAugment``, ``RandAugment``,
+    ``TrivialAugmentWide``) are replayed with the same draws like every other step;
+    ``same_distribution`` is accepted for compatibility and changes nothing.
     """
+    _warn_same_distribution(same_distribution)
     if not isinstance(compose, (T1.Compose, T2.Compose)):
         raise UnsupportedTransform(f"a torchvision Compose (transforms.Compose or transforms.v2.Compose) is needed, "
                                    f"got {type(compose).__name__}; wrap the transforms in one")
     steps: list[ReplayStep] = []
     flavour, offset, fixed = "pil", 0, False
     for t in compose.transforms:
-        spec = _spec(t, flavour, same_distribution)
-        width = _WIDTH.get(spec.kind, 0)
+        spec = _spec(t, flavour)
+        width = spec.options.get("width", _WIDTH.get(spec.kind, 0))
         steps.append(ReplayStep(kind=spec.kind, name=type(t).__name__, api=_api(t), flavour=flavour, transform=t,
                                 offset=offset, width=width, options=spec.options))
         offset += width
@@ -210,15 +207,12 @@ class ReplaySampler:
     ``torch.rand(1)`` against ``p`` for the probabilistic ones. Sizes flow through the
     deterministic steps as torchvision computes them, so every draw sees the image size its
     transform would see. Picklable (module-level, holds the original transforms).
-
-    ``policy`` steps (same-distribution mode only) make no draws here: every later draw then
-    differs from the CPU pipeline's, which :attr:`same_draws` reports.
     """
 
     def __init__(self, steps: Sequence[ReplayStep]) -> None:
         self.steps = tuple(steps)
         self.width = sum(s.width for s in self.steps)
-        self.same_draws = not any(s.kind == "policy" for s in self.steps)
+        self.same_draws = True  # every step makes its original's draws (kept for callers that check it)
 
     @classmethod
     def from_compose(cls, compose: Any, same_distribution: bool = False) -> ReplaySampler:
@@ -267,13 +261,10 @@ def step_of(transform: Any, flavour: str = "float") -> ReplayStep:
     """A single :class:`ReplayStep` (row offset 0) for ``transform`` applied to a ``flavour`` image."""
     if flavour not in ("pil", "uint8", "float"):
         raise ValueError(f"flavour={flavour!r} must be 'pil', 'uint8' or 'float'")
-    info = registry.info_of(transform)
-    if info is not None and info.op == "policy":
-        spec = ReplaySpec("policy", {}, flavour)
-    else:
-        spec = _spec(transform, flavour, same_distribution=False)
+    spec = _spec(transform, flavour)
     return ReplayStep(kind=spec.kind, name=type(transform).__name__, api=_api(transform), flavour=flavour,
-                      transform=transform, width=_WIDTH.get(spec.kind, 0), options=spec.options)
+                      transform=transform, width=spec.options.get("width", _WIDTH.get(spec.kind, 0)),
+                      options=spec.options)
 
 
 def _sample_resized_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
@@ -349,9 +340,14 @@ def _sample_erase(step: ReplayStep, c: int, h: int, w: int, patches: list) -> li
     return [1.0, top, left, eh, ew]
 
 
+def _sample_auto_augment(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
+    return draw_policy(step.transform, h, w)
+
+
 _SAMPLERS: dict[str, Callable[..., list[float]]] = {
     "resized_crop": _sample_resized_crop, "crop": _sample_crop, "hflip": _sample_flip, "vflip": _sample_flip,
     "color_jitter": _sample_color_jitter, "random_grayscale": _sample_random_grayscale, "erase": _sample_erase,
+    "auto_augment": _sample_auto_augment,
 }
 
 

@@ -46,9 +46,9 @@ def _check_flavour(flavour: str) -> None:
         raise ValueError(f"flavour={flavour!r} must be one of {FLAVOURS}")
 
 
-def _per_sample(f: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``f`` (B,) as a float32 (B, 1, 1, 1) tensor on ``x``'s device."""
-    return f.to(device=x.device, dtype=torch.float32, non_blocking=True).view(-1, 1, 1, 1)
+def _per_sample(f: torch.Tensor, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``f`` (B,) as a (B, 1, 1, 1) tensor of ``dtype`` on ``x``'s device."""
+    return f.to(device=x.device, dtype=dtype, non_blocking=True).view(-1, 1, 1, 1)
 
 
 def quantize(x: torch.Tensor, flavour: Flavour) -> torch.Tensor:
@@ -133,15 +133,18 @@ def _luma_tv(x: torch.Tensor) -> torch.Tensor:
     return (_GRAY_TV[0] * r + _GRAY_TV[1] * g + _GRAY_TV[2] * b).unsqueeze(-3)
 
 
-def _blend_pil(degenerate: torch.Tensor, img: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+def blend_pil(degenerate: torch.Tensor, img: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """Pillow's ``Image.blend(degenerate, img, f)`` (``ImageEnhance``): ``d + f * (x - d)`` in float32,
     clipped to 0..255 and truncated, as its C code."""
     return (degenerate + f * (img - degenerate)).clamp_(0.0, 255.0).trunc_()
 
 
-def _blend_u8(img: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """torchvision's tensor ``_blend`` on uint8: ``f * x + (1 - f) * other``, clamped, truncated."""
-    return (f * img + (1.0 - f) * other).clamp_(0.0, 255.0).trunc_()
+def blend_u8(img: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """torchvision's tensor ``_blend`` on uint8: ``f * x + (1 - f) * other``, clamped, truncated.
+
+    torchvision computes ``1 - f`` from a Python float (a double) and rounds each factor to float32
+    on use: ``f`` is taken at its own precision (give float64 factors that are not float32 values)."""
+    return (f.to(img.dtype) * img + (1.0 - f).to(img.dtype) * other).clamp_(0.0, 255.0).trunc_()
 
 
 def adjust_brightness(x: torch.Tensor, f: torch.Tensor, flavour: Flavour) -> torch.Tensor:
@@ -149,9 +152,9 @@ def adjust_brightness(x: torch.Tensor, f: torch.Tensor, flavour: Flavour) -> tor
     _check_flavour(flavour)
     f = _per_sample(f, x)
     if flavour == "pil":
-        return _blend_pil(torch.zeros_like(x), x, f)
+        return blend_pil(torch.zeros_like(x), x, f)
     if flavour == "uint8":
-        return _blend_u8(x, torch.zeros_like(x), f)
+        return blend_u8(x, torch.zeros_like(x), _per_sample(f, x, torch.float64))
     import kornia.enhance as KE
 
     return KE.adjust_contrast(x, f.view(-1))  # Kornia's "contrast" multiplies: torchvision's brightness
@@ -165,10 +168,10 @@ def adjust_contrast(x: torch.Tensor, f: torch.Tensor, flavour: Flavour) -> torch
         luma = _luma_pil(x)
         total = luma.to(torch.float64).sum(dim=(-3, -2, -1), keepdim=True)
         mean = torch.floor(total / (luma.shape[-1] * luma.shape[-2]) + 0.5).to(x.dtype)  # int(mean + 0.5)
-        return _blend_pil(mean.expand_as(x), x, fs)
+        return blend_pil(mean.expand_as(x), x, fs)
     if flavour == "uint8":
         mean = torch.mean(_luma_tv(x).trunc_(), dim=(-3, -2, -1), keepdim=True)
-        return _blend_u8(x, mean, fs)
+        return blend_u8(x, mean, _per_sample(f, x, torch.float64))
     import kornia.enhance as KE
 
     return KE.adjust_contrast_with_mean_subtraction(x, fs.view(-1))
@@ -179,9 +182,9 @@ def adjust_saturation(x: torch.Tensor, f: torch.Tensor, flavour: Flavour) -> tor
     _check_flavour(flavour)
     fs = _per_sample(f, x)
     if flavour == "pil":
-        return _blend_pil(_luma_pil(x).expand_as(x), x, fs)
+        return blend_pil(_luma_pil(x).expand_as(x), x, fs)
     if flavour == "uint8":
-        return _blend_u8(x, _luma_tv(x).trunc_(), fs)
+        return blend_u8(x, _luma_tv(x).trunc_(), _per_sample(f, x, torch.float64))
     import kornia.enhance as KE
 
     return KE.adjust_saturation_with_gray_subtraction(x, fs.view(-1))

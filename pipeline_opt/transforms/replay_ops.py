@@ -38,11 +38,13 @@ except ImportError:  # pragma: no cover - a Kornia without the marker computes t
 
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms import replay_kernels as K
+from pipeline_opt.transforms.policy_draws import OPS as POLICY_OPS
+from pipeline_opt.transforms.policy_kernels import apply_op as apply_policy_op
 from pipeline_opt.transforms.replay import ReplayStep, sample_step, step_of
 
 __all__ = [
     "ReplayAugment", "ReplayCenterCrop", "ReplayColorJitter", "ReplayCrop", "ReplayErasing", "ReplayGrayscale",
-    "ReplayHorizontalFlip", "ReplayPolicy", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
+    "ReplayHorizontalFlip", "ReplayAutoAugment", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
     "replay_module",
 ]
 
@@ -356,24 +358,45 @@ class ReplayErasing(ReplayAugment, IntensityAugmentationBase2D):
         return K.erase_patches(input, [boxes[i] for i in chosen], chosen, [params["patches"][i][0] for i in chosen])
 
 
-class ReplayPolicy(torch.nn.Module):
-    """Same-distribution mode for ``AutoAugment`` / ``RandAugment`` / ``TrivialAugmentWide``: each
-    sample goes through the original policy on the device, as a uint8 tensor, drawing with the
-    main process's torch RNG — the same distribution as the CPU pipeline, not the same draws (and
-    torchvision's tensor kernels, not Pillow's)."""
+class ReplayAutoAugment(ReplayAugment, IntensityAugmentationBase2D):
+    """``AutoAugment`` / ``RandAugment`` / ``TrivialAugmentWide`` with the workers' draws.
+
+    Each operation slot of the row (op code, magnitude) is applied in order; within a slot the
+    samples that drew the same operation get it together, each with its own magnitude, in the
+    arithmetic of the CPU image at that point (:mod:`~pipeline_opt.transforms.policy_kernels`):
+    fifteen kernels per slot at most. The grouping reads the host copy of the rows (no device sync).
+    """
 
     def __init__(self, step: ReplayStep) -> None:
-        super().__init__()
-        if step.kind != "policy":
-            raise ValueError(f"ReplayPolicy replays policy steps, got {step.kind}")
-        self.step = step
-        self.policy = step.transform
+        IntensityAugmentationBase2D.__init__(self, p=1.0)
+        self._init_step(step, ("auto_augment",))
+        if self.flavour == "float":
+            raise ValueError(f"{step.name} is replayed on PIL or uint8 images only, got a float step")
+        self.slots = int(step.options["slots"])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = []
-        for img in x.round().clamp_(0, 255).to(torch.uint8):
-            out.append(self.policy(img).as_subclass(torch.Tensor).to(x.dtype))
-        return torch.stack(out)
+    def _params_from_rows(self, rows: torch.Tensor, patches: Any) -> dict[str, torch.Tensor]:
+        return {"codes": rows[:, 0::2].to(torch.long), "magnitudes": rows[:, 1::2].clone()}
+
+    def apply_transform(self, input: torch.Tensor, params: dict, flags: dict,
+                        transform: torch.Tensor | None = None) -> torch.Tensor:
+        codes, magnitudes = params["codes"].cpu(), params["magnitudes"].cpu()
+        x = input
+        options = self.step.options
+        for slot in range(self.slots):
+            for code in sorted(set(codes[:, slot].tolist())):
+                if code < 0:
+                    continue
+                index = (codes[:, slot] == code).nonzero().view(-1)
+                mags = magnitudes[index, slot].tolist()
+                op = POLICY_OPS[code]
+                if index.numel() == x.shape[0]:
+                    x = apply_policy_op(op, x, mags, self.flavour, options["interpolation"], options["fill"])
+                    continue
+                dev_index = index.to(x.device, non_blocking=True)
+                part = apply_policy_op(op, x.index_select(0, dev_index), mags, self.flavour,
+                                       options["interpolation"], options["fill"])
+                x = x.index_copy(0, dev_index, part)
+        return x
 
 
 class _Plain(torch.nn.Module):
@@ -405,7 +428,7 @@ _CLASSES: dict[str, Callable[[ReplayStep], torch.nn.Module]] = {
     "resized_crop": ReplayResizedCrop, "crop": ReplayCrop, "center_crop": ReplayCenterCrop, "resize": ReplayResize,
     "hflip": ReplayHorizontalFlip, "vflip": ReplayVerticalFlip, "color_jitter": ReplayColorJitter,
     "grayscale": ReplayGrayscale, "random_grayscale": ReplayGrayscale, "erase": ReplayErasing,
-    "policy": ReplayPolicy, "to_float": _Plain, "normalize": _Plain,
+    "auto_augment": ReplayAutoAugment, "to_float": _Plain, "normalize": _Plain,
 }
 
 

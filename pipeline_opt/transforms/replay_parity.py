@@ -119,10 +119,7 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     ``dataset`` is an ImageFolder-like dataset of JPEG files (``.samples``, ``.transform``, the
     default loader). The torch RNG state is saved and restored around the measurement.
     """
-    replay = ReplayDataset.from_image_folder(dataset, same_distribution=True)
-    if not replay.sampler.same_draws:
-        raise ValueError("the pipeline has a same-distribution step (a random policy): its draws differ from the "
-                         "CPU pipeline's by design, so there is no per-pixel error to measure")
+    replay = ReplayDataset.from_image_folder(dataset)
     compose = dataset.transform
     picked = list(indices) if indices is not None else list(range(min(int(n), len(replay))))
     if not picked:
@@ -215,6 +212,19 @@ def standard_pipelines() -> dict[str, Any]:
             T2.ToDtype(torch.float32, scale=True), T2.Normalize(mean, std), T2.RandomErasing(value="random")]),
         "v1 jitter on float tensors (Kornia kernels)": T1.Compose([
             T1.RandomResizedCrop(224), T1.ToTensor(), T1.ColorJitter(0.4, 0.4, 0.4, 0.1), T1.Normalize(mean, std)]),
+        "v1 reference recipe: RRC+flip+TrivialAugmentWide+erase (PIL)": T1.Compose([
+            T1.RandomResizedCrop(224, interpolation=T1.InterpolationMode.BILINEAR, antialias=True), T1.RandomHorizontalFlip(),
+            T1.TrivialAugmentWide(interpolation=T1.InterpolationMode.BILINEAR), T1.PILToTensor(),
+            T1.ConvertImageDtype(torch.float), T1.Normalize(mean, std), T1.RandomErasing(0.25)]),
+        "v1 reference recipe with RandAugment(magnitude=9) (PIL)": T1.Compose([
+            T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(), T1.RandAugment(interpolation=T1.InterpolationMode.BILINEAR),
+            T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(mean, std), T1.RandomErasing(0.25)]),
+        "v1 reference recipe with AutoAugment(imagenet) (PIL)": T1.Compose([
+            T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(), T1.AutoAugment(interpolation=T1.InterpolationMode.BILINEAR),
+            T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(mean, std)]),
+        "v2 TrivialAugmentWide on uint8 tensors": T2.Compose([
+            T2.PILToTensor(), T2.RandomResizedCrop(224, antialias=True), T2.RandomHorizontalFlip(),
+            T2.TrivialAugmentWide(), T2.ToDtype(torch.float32, scale=True), T2.Normalize(mean, std)]),
     }
 
 

@@ -185,8 +185,8 @@ def split_random_transforms(compose: Any, then: Callable[[torch.Tensor], torch.T
     :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline`) decodes the collated batch on
     ``device`` and replays every transform there; ``then`` — e.g. the user's own
     ``kornia.augmentation.AugmentationSequential`` — runs after it on the float batch with its own
-    draws. ``same_distribution=True`` also moves AutoAugment / RandAugment / TrivialAugmentWide,
-    drawn on the device: same distribution, not same draws (``sampler.same_draws`` is then False).
+    draws; AutoAugment / RandAugment / TrivialAugmentWide are replayed the same way
+    (``same_distribution`` is accepted for compatibility and changes nothing).
 
     Raises :class:`~pipeline_opt.transforms.replay.UnsupportedTransform` (a ``ValueError``) naming
     the transform that cannot be replayed, and ``ImportError`` (``pip install 'pipeline-opt[gpu]'``)

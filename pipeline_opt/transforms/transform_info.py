@@ -18,7 +18,7 @@ DOMAINS = ("pil", "uint8", "float")  # what an image is before an op: PIL image,
 SIZES = ("same", "fixed", "resize", "rotation")  # how an op changes sizes (None: unknown)
 COSTS = ("convert", "normalize", "resize", "crop", "flip", "colour", "blur", "geometry", "erase", "policy",
          "noise", "other")  # what an op spends its CPU time on
-DEVICE_PATHS = ("batch", "replay", "policy", "kornia", "attach")  # how it runs on the device (None: it stays)
+DEVICE_PATHS = ("batch", "replay", "kornia", "attach")  # how it runs on the device (None: it stays)
 BOUNDARY = "boundary"  # to_device's answer for a conversion to uint8 that ends the CPU part
 
 
@@ -49,7 +49,7 @@ class TransformInfo:
       (fixed when given a (h, w) pair), ``"rotation"`` (same unless ``expand``), None (unknown).
     * ``device``: how it runs on the device (:data:`DEVICE_PATHS`): ``batch`` (moved bit for bit or
       within ``exactness`` by :func:`~pipeline_opt.transforms.split.split_transforms`), ``replay`` (same
-      draws, :mod:`~pipeline_opt.transforms.replay`), ``policy`` (same distribution only), ``kornia``
+      draws, :mod:`~pipeline_opt.transforms.replay`), ``kornia``
       (Kornia has it; not moved automatically), ``attach`` (an integration moves it); None: stays.
     * ``exactness``: of the device module against the CPU op (``bitwise`` / ``tolerance``), where one exists.
     * ``to_device(t, domain)``: the batch module reproducing ``t`` on an image of ``domain``,

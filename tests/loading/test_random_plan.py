@@ -52,14 +52,15 @@ def test_plan_for_a_training_loader(folder):
     assert not ok and "draws" in why
 
 
-def test_same_distribution_plan(folder):
+def test_a_policy_is_planned_with_the_same_draws(folder):
     pytest.importorskip("kornia")
     ds = ImageFolder(str(folder), transform=T2.Compose([T2.RandomResizedCrop(48), T2.RandAugment(), T2.ToImage()]))
     plan, why = plan_random_gpu_pipeline(ds)
-    assert plan is None and "same_distribution=True" in why
-    plan, why = plan_random_gpu_pipeline(ds, same_distribution=True)
-    assert plan is not None and plan.exactness == "distribution"
-    assert "same distribution, not same draws" in plan.describe()[1]
+    assert plan is not None and plan.exactness == "decode" and plan.moved[1] == "RandAugment", why
+    assert "same draws" in plan.describe()[1]
+    with pytest.warns(DeprecationWarning, match="same_distribution=True is no longer needed"):
+        again, _ = plan_random_gpu_pipeline(ds, same_distribution=True)
+    assert again is not None and again.moved == plan.moved
 
 
 def _png_folder(tmp_path):

@@ -28,6 +28,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms.v2 import functional as F2
 
 from pipeline_opt.datasets import make_image_folder
+from pipeline_opt.loading.random_plan import Tolerance
 from pipeline_opt.transforms.replay import ReplayDataset, ReplaySampler, replay_collate, step_of
 from pipeline_opt.transforms.replay_parity import measure_replay_error
 
@@ -186,15 +187,39 @@ def test_own_draws_follow_the_same_distribution():
     assert crop(torch.rand(5, 3, 50, 70)).shape == (5, 3, 16, 16)
 
 
-def test_same_distribution_mode_runs_policies_on_the_device(folder):
-    compose = T2.Compose([T2.RandomResizedCrop(48), T2.TrivialAugmentWide(), T2.ToImage(),
-                          T2.ToDtype(torch.float32, scale=True)])
-    replay = ReplayDataset(ImageFolder(str(folder)).samples, ReplaySampler.from_compose(compose, same_distribution=True))
-    pipeline = RandomGpuPipeline(replay.sampler, device="cpu")
-    out, _ = pipeline(replay_collate([replay[i] for i in range(4)]))
-    assert out.shape == (4, 3, 48, 48) and out.dtype == torch.float32 and 0 <= float(out.min()) <= float(out.max()) <= 1
-    with pytest.raises(ValueError, match="same-distribution"):
-        measure_replay_error(ImageFolder(str(folder), transform=compose), n=2)
+_MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_BILINEAR = T1.InterpolationMode.BILINEAR
+RECIPES = {  # torchvision's reference recipe (references/classification presets) with each policy, v1 and v2
+    "ref-trivialaugment": lambda: T1.Compose([
+        T1.RandomResizedCrop(64, interpolation=_BILINEAR, antialias=True), T1.RandomHorizontalFlip(),
+        T1.TrivialAugmentWide(interpolation=_BILINEAR), T1.PILToTensor(), T1.ConvertImageDtype(torch.float),
+        T1.Normalize(_MEAN, _STD), T1.RandomErasing(0.25)]),
+    "ref-randaugment": lambda: T1.Compose([
+        T1.RandomResizedCrop(64), T1.RandomHorizontalFlip(), T1.RandAugment(interpolation=_BILINEAR, magnitude=9),
+        T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(_MEAN, _STD), T1.RandomErasing(0.25)]),
+    "ref-autoaugment": lambda: T1.Compose([
+        T1.RandomResizedCrop(64), T1.RandomHorizontalFlip(), T1.AutoAugment(T1.AutoAugmentPolicy.IMAGENET),
+        T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(_MEAN, _STD)]),
+    "v2-uint8-trivialaugment": lambda: T2.Compose([
+        T2.RandomResizedCrop(64, antialias=True), T2.RandomHorizontalFlip(), T2.PILToTensor(),
+        T2.TrivialAugmentWide(), T2.ToDtype(torch.float32, scale=True), T2.Normalize(_MEAN, _STD),
+        T2.RandomErasing(0.25)]),
+    "v2-pil-randaugment-3ops": lambda: T2.Compose([
+        T2.RandomResizedCrop(64, antialias=True), T2.RandAugment(num_ops=3), T2.PILToTensor(),
+        T2.ToDtype(torch.float32, scale=True)]),
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_the_policies_are_replayed_with_the_same_draws(folder, name):
+    """The recipe's CPU pipeline against the replay (CPU decode): same RNG state after, the policy step
+    itself bit-identical on PIL images (within one level on v2 uint8), the whole output within the
+    tolerance the tuner accepts."""
+    report = measure_replay_error(ImageFolder(str(folder), transform=RECIPES[name]()), n=12, seed=5)
+    assert report.same_draws
+    (policy,) = [s for s in report.steps if s.kind == "auto_augment"]
+    assert policy.isolated_max <= (1.0 if policy.flavour == "uint8" else 0.0), policy
+    assert report.end_to_end_mean < Tolerance().mean_levels_cpu_decode, report.end_to_end_mean
 
 
 def test_mismatched_sampler_and_pipeline_are_refused(folder):

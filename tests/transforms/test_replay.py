@@ -17,6 +17,7 @@ import torchvision.transforms as T1
 import torchvision.transforms.v2 as T2
 from PIL import Image
 from torch.utils.data import DataLoader
+from torchvision import tv_tensors
 from torchvision.datasets import ImageFolder
 
 from pipeline_opt.datasets import make_image_folder
@@ -199,7 +200,11 @@ def test_real_dataloader_with_two_workers(folder, context):
     (T1.Compose([T1.RandomHorizontalFlip(), T1.ToTensor()]), "one size"),
     (T1.Compose([T1.RandomResizedCrop(64)]), "ends with a PIL image"),
     (T1.Compose([T1.RandomResizedCrop(64), T1.RandomErasing(), T1.ToTensor()]), "erase after ToTensor"),
-    (T1.Compose([T1.RandomResizedCrop(64), T1.TrivialAugmentWide(), T1.ToTensor()]), "same_distribution=True"),
+    (T1.Compose([T1.RandomResizedCrop(64), T1.ToTensor(), T1.TrivialAugmentWide()]), "on a float tensor"),
+    (T1.Compose([T1.RandomResizedCrop(64), T1.AugMix(), T1.ToTensor()]), "AugMix is not replayed"),
+    (T1.Compose([T1.RandomResizedCrop(64), T1.RandAugment(interpolation=T1.InterpolationMode.BICUBIC),
+                 T1.ToTensor()]), "only nearest and bilinear"),
+    (T2.Compose([T2.RandomResizedCrop(64), T2.AutoAugment(fill={tv_tensors.Image: 3}), T2.ToImage()]), "fill per input"),
     (T1.Compose([T1.CenterCrop(64), T1.Grayscale(1), T1.ToTensor()]), "num_output_channels=3"),
     ([T1.RandomResizedCrop(64)], "Compose"),
 ])
@@ -216,7 +221,11 @@ def test_subclasses_are_not_replayed():
         recognise(T1.Compose([MyCrop(64), T1.ToTensor()]))
 
 
-def test_same_distribution_mode_marks_the_sampler():
-    sampler = ReplaySampler.from_compose(T2.Compose([T2.RandomResizedCrop(64), T2.TrivialAugmentWide(), T2.ToImage()]),
-                                         same_distribution=True)
-    assert not sampler.same_draws and [s.kind for s in sampler.steps] == ["resized_crop", "policy", "to_uint8"]
+def test_a_policy_is_a_step_with_two_numbers_per_operation_slot():
+    compose = T2.Compose([T2.RandomResizedCrop(64), T2.RandAugment(num_ops=3), T2.ToImage()])
+    sampler = ReplaySampler.from_compose(compose)
+    assert [s.kind for s in sampler.steps] == ["resized_crop", "auto_augment", "to_uint8"]
+    assert sampler.steps[1].width == 6 and sampler.width == 4 + 6
+    with pytest.warns(DeprecationWarning, match="changes nothing"):
+        again = ReplaySampler.from_compose(compose, same_distribution=True)
+    assert [s.kind for s in again.steps] == [s.kind for s in sampler.steps]
