@@ -50,7 +50,7 @@ log = get_logger("loading.random_plan")
 
 HEADERS_CHECKED = 16  # JPEG headers read at planning time (colour components, readable frame header)
 _RANDOM_KINDS = frozenset({"resized_crop", "crop", "hflip", "vflip", "color_jitter", "random_grayscale", "erase",
-                           "auto_augment"})
+                           "auto_augment", "augmix"})
 
 
 @dataclass(frozen=True)

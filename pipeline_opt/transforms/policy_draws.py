@@ -8,6 +8,10 @@ policy would see, and returns the chosen operations as a parameter row; the torc
 the state the original leaves it in. The pixels are made on the device from that row
 (:mod:`pipeline_opt.transforms.policy_kernels`).
 
+``AugMix`` (v1 and v2) is drawn the same way: its two Dirichlet draws (the original's weight and
+the chains' weights, through the transform's own ``_sample_dirichlet``), then per chain its depth
+and its operations (:func:`draw_augmix`; the row is ``[m0, w_1..w_K]`` then ``3`` slots per chain).
+
 Row layout: ``slots`` pairs ``(op code, magnitude)``; the code indexes :data:`OPS` (``-1``: no
 operation in that slot, an AutoAugment sub-policy step whose probability draw failed). The
 magnitude is the one the original passes to its operation, except Solarize's, which is always the
@@ -29,18 +33,22 @@ import torchvision.transforms.v2 as T2
 
 from pipeline_opt.transforms.transform_info import UnsupportedTransform
 
-__all__ = ["NO_OP", "OPS", "check_policy", "draw_policy", "policy_slots"]
+__all__ = ["AUGMIX_DEPTH", "NO_OP", "OPS", "augmix_width", "check_policy", "draw_augmix", "draw_policy",
+           "policy_slots"]
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
        "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
 NO_OP = -1.0
 _CODE = {name: float(i) for i, name in enumerate(OPS)}
-_POLICY_CLASSES = (T1.AutoAugment, T1.RandAugment, T1.TrivialAugmentWide,
-                   T2.AutoAugment, T2.RandAugment, T2.TrivialAugmentWide)
+AUGMIX_DEPTH = 3  # the most operations of one AugMix chain (chain_depth=-1 draws 1 to 3)
+_POLICY_CLASSES = (T1.AutoAugment, T1.RandAugment, T1.TrivialAugmentWide, T1.AugMix,
+                   T2.AutoAugment, T2.RandAugment, T2.TrivialAugmentWide, T2.AugMix)
 # the torchvision attributes each class's draws read (its magnitude tables; v2 AutoAugment's policies)
 _INTERNALS = {T1.AutoAugment: ("policies", "_augmentation_space"), T1.RandAugment: ("_augmentation_space",),
               T1.TrivialAugmentWide: ("_augmentation_space",), T2.AutoAugment: ("_policies", "_AUGMENTATION_SPACE"),
-              T2.RandAugment: ("_AUGMENTATION_SPACE",), T2.TrivialAugmentWide: ("_AUGMENTATION_SPACE",)}
+              T2.RandAugment: ("_AUGMENTATION_SPACE",), T2.TrivialAugmentWide: ("_AUGMENTATION_SPACE",),
+              T1.AugMix: ("_augmentation_space", "_sample_dirichlet"),
+              T2.AugMix: ("_AUGMENTATION_SPACE", "_PARTIAL_AUGMENTATION_SPACE", "_sample_dirichlet")}
 
 
 def check_policy(t: Any) -> None:
@@ -71,6 +79,49 @@ def _space_v1(t: Any, num_bins: int, height: int, width: int) -> dict[str, tuple
     else:
         space = t._augmentation_space(num_bins, (height, width))
     return {op: (m if m.ndim > 0 else None, signed) for op, (m, signed) in space.items()}
+
+
+def augmix_width(t: Any) -> int:
+    """Row width of AugMix ``t``: the original's weight, one weight per chain, 3 op slots per chain."""
+    k = int(t.mixture_width)
+    depth = int(t.chain_depth) if t.chain_depth > 0 else AUGMIX_DEPTH
+    return 1 + k + 2 * depth * k
+
+
+def draw_augmix(t: Any, height: int, width: int) -> list[float]:
+    """One sample's row for AugMix ``t``: ``[m0, w_1..w_K]`` then, per chain, ``(code, magnitude)`` per slot
+    (:data:`NO_OP` past the chain's depth), drawn with the torch RNG calls ``t.forward`` makes."""
+    v2 = isinstance(t, T2.Transform)
+    k = int(t.mixture_width)
+    m = t._sample_dirichlet(torch.tensor([t.alpha, t.alpha]).expand(1, -1))
+    weights = t._sample_dirichlet(torch.tensor([t.alpha] * k).expand(1, -1)) * m[:, 1].reshape([1, -1])
+    if v2:
+        space_v2 = t._AUGMENTATION_SPACE if t.all_ops else t._PARTIAL_AUGMENTATION_SPACE
+    else:
+        space_v1 = _space_v1(t, t._PARAMETER_MAX, height, width)
+    slots = int(t.chain_depth) if t.chain_depth > 0 else AUGMIX_DEPTH
+    row = [float(m[0, 0])] + [float(v) for v in weights[0].tolist()]
+    for _ in range(k):
+        depth = t.chain_depth if t.chain_depth > 0 else int(torch.randint(low=1, high=4, size=(1,)).item())
+        chain: list[float] = []
+        for _ in range(depth):
+            if v2:
+                op = _random_key_v2(space_v2)
+                fn, signed = space_v2[op]
+                magnitudes = fn(t._PARAMETER_MAX, height, width)
+                index = int(torch.randint(t.severity, ())) if magnitudes is not None else None
+                magnitude = _magnitude_v2(magnitudes, index, signed)
+            else:
+                op = list(space_v1)[int(torch.randint(len(space_v1), (1,)).item())]
+                magnitudes, signed = space_v1[op]
+                magnitude = 0.0
+                if magnitudes is not None:
+                    magnitude = float(magnitudes[torch.randint(t.severity, (1,), dtype=torch.long)].item())
+                if signed and torch.randint(2, (1,)):
+                    magnitude *= -1.0
+            chain += [_CODE[op], _solarize_levels(op, magnitude, v2)]
+        row += chain + [NO_OP, 0.0] * (slots - depth)
+    return row
 
 
 def _solarize_levels(op: str, magnitude: float, v2: bool) -> float:

@@ -29,7 +29,7 @@ from torchvision.transforms import InterpolationMode
 
 from pipeline_opt.transforms import gpu
 from pipeline_opt.transforms.cpu_ops import ToUint8CHW
-from pipeline_opt.transforms.policy_draws import check_policy, policy_slots
+from pipeline_opt.transforms.policy_draws import augmix_width, check_policy, policy_slots
 from pipeline_opt.transforms.transform_info import BOUNDARY, ReplaySpec, TransformInfo, UnsupportedTransform
 
 __all__ = ["BOUNDARY", "DEVICE_HINTS", "ReplaySpec", "TransformInfo", "UnsupportedTransform", "device_exactness",
@@ -306,9 +306,8 @@ def _replay_erase(t: Any, domain: str) -> ReplaySpec:
     return ReplaySpec("erase", {"p": float(t.p), "value": None if value is None else tuple(value)}, domain)
 
 
-def _replay_policy(t: Any, domain: str) -> ReplaySpec:
-    """AutoAugment / RandAugment / TrivialAugmentWide: their draws replayed (policy_draws), their ops
-    on the device in Pillow's or torchvision's tensor arithmetic (policy_kernels)."""
+def _policy_options(t: Any, domain: str) -> dict[str, Any]:
+    """The interpolation and fill a policy's device ops need; raises naming what is not replayed."""
     check_policy(t)
     name = type(t).__name__
     if domain == "float":
@@ -323,9 +322,24 @@ def _replay_policy(t: Any, domain: str) -> ReplaySpec:
                                    "number or one per channel")
     if fill is not None:
         fill = (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
+    return {"interpolation": mode.value, "fill": fill}
+
+
+def _replay_policy(t: Any, domain: str) -> ReplaySpec:
+    """AutoAugment / RandAugment / TrivialAugmentWide: their draws replayed (policy_draws), their ops
+    on the device in Pillow's or torchvision's tensor arithmetic (policy_kernels)."""
+    options = _policy_options(t, domain)
     slots = policy_slots(t)
-    return ReplaySpec("auto_augment", {"slots": slots, "width": 2 * slots, "interpolation": mode.value,
-                                       "fill": fill}, domain)
+    return ReplaySpec("auto_augment", {"slots": slots, "width": 2 * slots, **options}, domain)
+
+
+def _replay_augmix(t: Any, domain: str) -> ReplaySpec:
+    """AugMix: its Dirichlet weights and chains drawn in the worker; the chains on the device in
+    torchvision's uint8 tensor arithmetic (AugMix converts a PIL image to a tensor itself)."""
+    options = _policy_options(t, domain)
+    depth = int(t.chain_depth) if t.chain_depth > 0 else 3
+    return ReplaySpec("augmix", {"chains": int(t.mixture_width), "depth": depth, "width": augmix_width(t),
+                                 **options}, domain)
 
 
 # ------------------------------------------------------------------------------------------- entries
@@ -390,7 +404,7 @@ _ENTRIES: tuple[TransformInfo, ...] = (
     _tv("AutoAugment", "policy", "policy", random=True, device="replay", replay=_replay_policy),
     _tv("RandAugment", "policy", "policy", random=True, device="replay", replay=_replay_policy),
     _tv("TrivialAugmentWide", "policy", "policy", random=True, device="replay", replay=_replay_policy),
-    _tv("AugMix", "policy", "policy", random=True),
+    _tv("AugMix", "policy", "policy", random=True, device="replay", replay=_replay_augmix),
     # random augmentations Kornia has (not moved automatically)
     _tv("GaussianBlur", "blur", "blur", random=True, device="kornia"),
     _tv("RandomAffine", "affine", "geometry", random=True, device="kornia"),

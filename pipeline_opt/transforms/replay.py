@@ -41,7 +41,7 @@ from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import gpu, registry
 from pipeline_opt.transforms.jpeg_batch import packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header
-from pipeline_opt.transforms.policy_draws import draw_policy
+from pipeline_opt.transforms.policy_draws import draw_augmix, draw_policy
 from pipeline_opt.transforms.transform_info import ReplaySpec, UnsupportedTransform
 
 __all__ = [
@@ -348,6 +348,7 @@ _SAMPLERS: dict[str, Callable[..., list[float]]] = {
     "resized_crop": _sample_resized_crop, "crop": _sample_crop, "hflip": _sample_flip, "vflip": _sample_flip,
     "color_jitter": _sample_color_jitter, "random_grayscale": _sample_random_grayscale, "erase": _sample_erase,
     "auto_augment": _sample_auto_augment,
+    "augmix": lambda step, c, h, w, patches: draw_augmix(step.transform, h, w),
 }
 
 

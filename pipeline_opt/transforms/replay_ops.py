@@ -43,7 +43,7 @@ from pipeline_opt.transforms.policy_kernels import apply_op as apply_policy_op
 from pipeline_opt.transforms.replay import ReplayStep, sample_step, step_of
 
 __all__ = [
-    "ReplayAugment", "ReplayCenterCrop", "ReplayColorJitter", "ReplayCrop", "ReplayErasing", "ReplayGrayscale",
+    "ReplayAugMix", "ReplayAugment", "ReplayCenterCrop", "ReplayColorJitter", "ReplayCrop", "ReplayErasing", "ReplayGrayscale",
     "ReplayHorizontalFlip", "ReplayAutoAugment", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
     "replay_module",
 ]
@@ -381,22 +381,63 @@ class ReplayAutoAugment(ReplayAugment, IntensityAugmentationBase2D):
                         transform: torch.Tensor | None = None) -> torch.Tensor:
         codes, magnitudes = params["codes"].cpu(), params["magnitudes"].cpu()
         x = input
-        options = self.step.options
         for slot in range(self.slots):
-            for code in sorted(set(codes[:, slot].tolist())):
-                if code < 0:
-                    continue
-                index = (codes[:, slot] == code).nonzero().view(-1)
-                mags = magnitudes[index, slot].tolist()
-                op = POLICY_OPS[code]
-                if index.numel() == x.shape[0]:
-                    x = apply_policy_op(op, x, mags, self.flavour, options["interpolation"], options["fill"])
-                    continue
-                dev_index = index.to(x.device, non_blocking=True)
-                part = apply_policy_op(op, x.index_select(0, dev_index), mags, self.flavour,
-                                       options["interpolation"], options["fill"])
-                x = x.index_copy(0, dev_index, part)
+            x = _apply_slot(x, codes[:, slot], magnitudes[:, slot], self.flavour, self.step.options)
         return x
+
+
+def _apply_slot(x: torch.Tensor, codes: torch.Tensor, magnitudes: torch.Tensor, flavour: str,
+                options: dict[str, Any]) -> torch.Tensor:
+    """One operation slot: the samples that drew one op get it together, each with its magnitude."""
+    for code in sorted(set(codes.tolist())):
+        if code < 0:
+            continue
+        index = (codes == code).nonzero().view(-1)
+        mags = magnitudes[index].tolist()
+        op = POLICY_OPS[code]
+        if index.numel() == x.shape[0]:
+            x = apply_policy_op(op, x, mags, flavour, options["interpolation"], options["fill"])
+            continue
+        dev_index = index.to(x.device, non_blocking=True)
+        part = apply_policy_op(op, x.index_select(0, dev_index), mags, flavour, options["interpolation"],
+                               options["fill"])
+        x = x.index_copy(0, dev_index, part)
+    return x
+
+
+class ReplayAugMix(ReplayAugment, IntensityAugmentationBase2D):
+    """``AugMix`` with the workers' draws: ``mix = m0 * x + sum_i w_i * chain_i(x)``, truncated to levels.
+
+    Each chain's ops run in torchvision's uint8 tensor arithmetic (AugMix converts a PIL image to a
+    tensor before its chains), batched by op per slot as :class:`ReplayAutoAugment` does; the
+    weights are the float32 Dirichlet draws, applied in the original's order.
+    """
+
+    def __init__(self, step: ReplayStep) -> None:
+        IntensityAugmentationBase2D.__init__(self, p=1.0)
+        self._init_step(step, ("augmix",))
+        if self.flavour == "float":
+            raise ValueError(f"{step.name} is replayed on PIL or uint8 images only, got a float step")
+        self.chains = int(step.options["chains"])
+        self.depth = int(step.options["depth"])
+
+    def _params_from_rows(self, rows: torch.Tensor, patches: Any) -> dict[str, torch.Tensor]:
+        k = self.chains
+        ops = rows[:, 1 + k:].reshape(rows.shape[0], k, self.depth, 2)
+        return {"weights": rows[:, :1 + k].to(torch.float32), "codes": ops[..., 0].to(torch.long),
+                "magnitudes": ops[..., 1].clone()}
+
+    def apply_transform(self, input: torch.Tensor, params: dict, flags: dict,
+                        transform: torch.Tensor | None = None) -> torch.Tensor:
+        codes, magnitudes = params["codes"].cpu(), params["magnitudes"].cpu()
+        weights = params["weights"].to(input.device, non_blocking=True).view(input.shape[0], -1, 1, 1, 1)
+        mix = weights[:, 0] * input
+        for chain in range(self.chains):
+            aug = input
+            for slot in range(self.depth):
+                aug = _apply_slot(aug, codes[:, chain, slot], magnitudes[:, chain, slot], "uint8", self.step.options)
+            mix.add_(weights[:, 1 + chain] * aug)
+        return mix.trunc_()
 
 
 class _Plain(torch.nn.Module):
@@ -428,7 +469,7 @@ _CLASSES: dict[str, Callable[[ReplayStep], torch.nn.Module]] = {
     "resized_crop": ReplayResizedCrop, "crop": ReplayCrop, "center_crop": ReplayCenterCrop, "resize": ReplayResize,
     "hflip": ReplayHorizontalFlip, "vflip": ReplayVerticalFlip, "color_jitter": ReplayColorJitter,
     "grayscale": ReplayGrayscale, "random_grayscale": ReplayGrayscale, "erase": ReplayErasing,
-    "auto_augment": ReplayAutoAugment, "to_float": _Plain, "normalize": _Plain,
+    "auto_augment": ReplayAutoAugment, "augmix": ReplayAugMix, "to_float": _Plain, "normalize": _Plain,
 }
 
 

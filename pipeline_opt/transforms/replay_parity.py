@@ -222,6 +222,9 @@ def standard_pipelines() -> dict[str, Any]:
         "v1 reference recipe with AutoAugment(imagenet) (PIL)": T1.Compose([
             T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(), T1.AutoAugment(interpolation=T1.InterpolationMode.BILINEAR),
             T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(mean, std)]),
+        "v1 reference recipe with AugMix (PIL)": T1.Compose([
+            T1.RandomResizedCrop(224), T1.RandomHorizontalFlip(), T1.AugMix(interpolation=T1.InterpolationMode.BILINEAR),
+            T1.PILToTensor(), T1.ConvertImageDtype(torch.float), T1.Normalize(mean, std)]),
         "v2 TrivialAugmentWide on uint8 tensors": T2.Compose([
             T2.PILToTensor(), T2.RandomResizedCrop(224, antialias=True), T2.RandomHorizontalFlip(),
             T2.TrivialAugmentWide(), T2.ToDtype(torch.float32, scale=True), T2.Normalize(mean, std)]),

@@ -13,7 +13,15 @@ import torchvision.transforms as T1
 import torchvision.transforms.autoaugment as tv_autoaugment
 import torchvision.transforms.v2 as T2
 
-from pipeline_opt.transforms.policy_draws import NO_OP, OPS, check_policy, draw_policy, policy_slots
+from pipeline_opt.transforms.policy_draws import (
+    NO_OP,
+    OPS,
+    augmix_width,
+    check_policy,
+    draw_augmix,
+    draw_policy,
+    policy_slots,
+)
 from pipeline_opt.transforms.transform_info import UnsupportedTransform
 
 N = 256
@@ -67,8 +75,6 @@ def test_only_the_exact_policy_classes_are_accepted():
 
     with pytest.raises(UnsupportedTransform, match="MyTrivial is not a torchvision policy"):
         check_policy(MyTrivial())
-    with pytest.raises(UnsupportedTransform, match="AugMix"):
-        check_policy(T1.AugMix())
 
 
 def test_a_torchvision_without_the_magnitude_tables_is_refused_by_name(monkeypatch):
@@ -76,3 +82,24 @@ def test_a_torchvision_without_the_magnitude_tables_is_refused_by_name(monkeypat
     monkeypatch.delattr(T2.RandAugment, "_AUGMENTATION_SPACE")
     with pytest.raises(UnsupportedTransform, match="has no _AUGMENTATION_SPACE"):
         check_policy(policy)
+
+
+AUGMIXES = [T1.AugMix(), T1.AugMix(severity=7, mixture_width=2, chain_depth=2, all_ops=False),
+            T2.AugMix(), T2.AugMix(severity=1, mixture_width=4, chain_depth=1, alpha=0.5)]
+
+
+@pytest.mark.parametrize("augmix", AUGMIXES, ids=lambda p: f"{type(p).__module__.split('.')[-2]}-{p!r}"[:60])
+def test_augmix_draws_and_weights_equal_the_originals(augmix, monkeypatch):
+    weights = []
+    dirichlet = augmix._sample_dirichlet
+    monkeypatch.setattr(augmix, "_sample_dirichlet", lambda p: weights.append(dirichlet(p)) or weights[-1])
+    applied, state = _recorded_forward(augmix, monkeypatch, 40, 56)
+    torch.manual_seed(3)
+    rows = [draw_augmix(augmix, 40, 56) for _ in range(N)]
+    assert torch.equal(torch.get_rng_state(), state)
+    k = augmix.mixture_width
+    assert all(len(r) == augmix_width(augmix) for r in rows)
+    drawn = [(OPS[int(c)], m) for r in rows for c, m in zip(r[1 + k::2], r[2 + k::2]) if c != NO_OP]
+    assert drawn == applied
+    m0 = [float(w[0, 0]) for w in weights[:2 * N:2]]  # the original's draws (the replay's follow)
+    assert [r[0] for r in rows] == m0 and all(abs(sum(r[:1 + k]) - 1.0) < 1e-5 for r in rows)

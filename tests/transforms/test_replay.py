@@ -201,7 +201,7 @@ def test_real_dataloader_with_two_workers(folder, context):
     (T1.Compose([T1.RandomResizedCrop(64)]), "ends with a PIL image"),
     (T1.Compose([T1.RandomResizedCrop(64), T1.RandomErasing(), T1.ToTensor()]), "erase after ToTensor"),
     (T1.Compose([T1.RandomResizedCrop(64), T1.ToTensor(), T1.TrivialAugmentWide()]), "on a float tensor"),
-    (T1.Compose([T1.RandomResizedCrop(64), T1.AugMix(), T1.ToTensor()]), "AugMix is not replayed"),
+    (T1.Compose([T1.RandomResizedCrop(64), T1.ToTensor(), T1.AugMix()]), "AugMix on a float tensor"),
     (T1.Compose([T1.RandomResizedCrop(64), T1.RandAugment(interpolation=T1.InterpolationMode.BICUBIC),
                  T1.ToTensor()]), "only nearest and bilinear"),
     (T2.Compose([T2.RandomResizedCrop(64), T2.AutoAugment(fill={tv_tensors.Image: 3}), T2.ToImage()]), "fill per input"),
