@@ -365,7 +365,8 @@ def run_autotune(root: Path, sizes: Sizes, point: Point, device: torch.device, t
     info = {"tuning_time_s": getattr(result, "tuning_time_s", None) or wall, "tuning_wall_s": wall,
             "time_budget_s": budget, "config": result.config, "speedup_reported": result.speedup,
             "noise_reported": getattr(result, "noise", None), "trials": len(result.trials),
-            "accepted": [t.config for t in result.trials if t.accepted], "trial_log": H.trial_log(result)}
+            "accepted": [t.config for t in result.trials if t.accepted], "trial_log": H.trial_log(result),
+            "not_tried": list(result.not_tried)}
     return result, info
 
 

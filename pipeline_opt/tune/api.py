@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 from pipeline_opt._core.log import get_logger
 from pipeline_opt._core.progress import progress_bar
 from pipeline_opt._core.step import CheckedStep, ModelStateGuard, resolve_device
+from pipeline_opt.loading.random_plan import RandomGpuPlan
 from pipeline_opt.profile import api as profile_api
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.tune import timing
@@ -50,12 +51,13 @@ from pipeline_opt.tune.ab import MIN_GAIN
 from pipeline_opt.tune.budget import probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, persistent_for_short_epochs, stale_dataset_hazard
-from pipeline_opt.tune.exactness import changes_in, exactness_of
+from pipeline_opt.tune.exactness import REPLAY_NAME, changes_in, exactness_of
 from pipeline_opt.tune.first_guess import (
     PROFILE_WARMUP,
     combined_guess,
     compute_s,
     first_guess,
+    gpu_decode_guess,
     guess_reason,
     profile_measurement,
 )
@@ -256,16 +258,32 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
     why = f"Little's law first guess ({guess_reason(baseline_report, probe, budget, measured)})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
+    gpu_guess = gpu_decode_guess(baseline_cfg.with_(num_workers=guess_n), baseline_report, probe, budget, measured,
+                                 changes.nvjpeg)
     stale = stale_dataset_hazard(getattr(loader, "dataset", None))
     if stale is not None:
         search.skip("persistent_workers", stale)
     else:
         guess, persistent_why = persistent_for_short_epochs(guess, budget.batches_per_epoch)
         why += persistent_why
-    search.calibrate(guess, why)
+        if gpu_guess is not None:
+            gpu_guess = persistent_for_short_epochs(gpu_guess, budget.batches_per_epoch)[0]
+    if gpu_guess is not None:
+        # the workers are capped on a data-bound loader: the GPU decode first, then (if it lost) the CPU guess
+        what = REPLAY_NAME if isinstance(changes.nvjpeg, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
+        search.calibrate(gpu_guess, f"{what}, in a background thread, with {gpu_guess.num_workers} workers, as the "
+                                    f"first guess (Little's law: {guess_reason(baseline_report, probe, budget, measured)}"
+                                    "; the step waits on data, and more workers cannot feed it)")
+        if search.incumbent == gpu_guess:
+            search.tune_workers("num_workers after GPU decoding")
+        else:
+            search.consider(guess, why)
+    else:
+        search.calibrate(guess, why)
     if stale is None:
         retry_with_persistent_workers(search, guess)
-    tune_gpu_decode(search, changes.nvjpeg, changes.nvjpeg_why)  # the largest win on a decode-bound pipeline
+    if search.incumbent.decode != "nvjpeg":
+        tune_gpu_decode(search, changes.nvjpeg, changes.nvjpeg_why)  # the largest win on a decode-bound pipeline
     if req.shared_slots and probe is not None and probe.bytes >= SLOTS_EARLY_BYTES:
         # what the slots save grows with the bytes received per second: for big batches, try them
         # before the worker climb (a short budget would otherwise run out before the flags stage)

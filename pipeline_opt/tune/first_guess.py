@@ -8,6 +8,7 @@ from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.tune import timing
 from pipeline_opt.tune.budget import ResourceBudget
 from pipeline_opt.tune.candidates import LoaderConfig, epoch_workers, littles_law_workers
+from pipeline_opt.tune.gpu_decode import GPU_DECODE_CHANGE, gpu_decode_workers
 from pipeline_opt.tune.measure import Measurement
 
 PROFILE_WARMUP = 2  # steps the baseline's profile discards
@@ -69,13 +70,31 @@ def guess_reason(report: ProfileReport, probe, budget: ResourceBudget, measured_
     return f"{batch_s * 1e3:.1f} ms of worker time per batch / {step_s * 1e3:.1f} ms per step -> {need}{capped}"
 
 
+def capped_on_data(report: ProfileReport, probe, budget: ResourceBudget, measured: float) -> bool:
+    """Whether the loader as given waits on data and the workers Little's law wants do not fit the budget:
+    then more workers alone cannot feed the step, and what cuts per-sample CPU is worth trying first."""
+    batch_s, step_s = guess_inputs(report, probe, measured)
+    capped = littles_law_workers(batch_s, step_s) > budget.max_workers
+    return capped and (report.bottleneck == "data" or report.data_wait_frac > 0.5)
+
+
+def gpu_decode_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,
+                     decode_plan) -> LoaderConfig | None:
+    """The first guess as the GPU-decode candidate (``decode_plan``: nvJPEG or the random-augmentation
+    replay), when there is a plan and the workers are capped on a data-bound loader, else None.
+
+    The GPU decode takes nearly all of a sample's CPU work off the workers, which is what a capped
+    guess lacks; tried first, it is measured even when the budget holds only a few trials (the
+    CPU guess is tried next if it loses)."""
+    if decode_plan is None or not capped_on_data(report, probe, budget, measured):
+        return None
+    return guess.with_(num_workers=gpu_decode_workers(guess.num_workers, budget.max_workers), **GPU_DECODE_CHANGE)
+
+
 def combined_guess(guess: LoaderConfig, report: ProfileReport, probe, budget: ResourceBudget, measured: float,
                    gpu_plan, draft_plan) -> tuple[LoaderConfig, list[str]]:
     """The first guess, with the dataset changes when the workers Little's law wants do not fit the budget."""
-    batch_s, step_s = guess_inputs(report, probe, measured)
-    capped = littles_law_workers(batch_s, step_s) > budget.max_workers
-    data_bound = report.bottleneck == "data" or report.data_wait_frac > 0.5
-    if not (capped and data_bound):
+    if not capped_on_data(report, probe, budget, measured):
         return guess, []
     levers = []
     if gpu_plan is not None:

@@ -13,6 +13,7 @@ samples with :func:`~pipeline_opt.loading.decode.packed_jpeg_collate`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -25,6 +26,25 @@ from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem
 from pipeline_opt.transforms.registry import info_of, is_bilinear, pair, resize_size
 
 NVJPEG_WORKERS = 4  # the most workers the GPU-decode candidate starts with: they only read files
+# the GPU-decode candidate's changes to a LoaderConfig: the device decodes (and replays), so no
+# offload of its own; pinned memory speeds the decoder's host-to-device copies; the decode runs in
+# a background thread, overlapping the step
+GPU_DECODE_CHANGE = MappingProxyType({"decode": "nvjpeg", "gpu_transforms": (), "pin_memory": True,
+                                      "decode_thread": True})
+
+
+def gpu_decode_workers(incumbent_workers: int, max_workers: int) -> int:
+    """The workers the GPU-decode candidate starts with: at most :data:`NVJPEG_WORKERS`.
+
+    With the decode on the GPU a worker reads files (and, for a random Compose, draws parameters),
+    so the count that fed a CPU decode is far more than it needs, and the extra processes compete
+    with the training process and the decoding thread for the cores. In the committed 16-core
+    classification grids the GPU decode in a thread read the same at 2 to 8 workers and slowest
+    at 16 in three of four runs; the tuner then climbs from this count
+    (:meth:`~pipeline_opt.tune.search.Search.tune_workers`), to Little's law's count when the
+    step still waits on data."""
+    light = max(1, min(NVJPEG_WORKERS, max_workers))
+    return min(incumbent_workers, light) if incumbent_workers > 0 else light
 
 
 @dataclass(frozen=True)

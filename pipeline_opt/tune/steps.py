@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from pipeline_opt.loading.random_plan import RandomGpuPlan
 from pipeline_opt.tune.candidates import LoaderConfig, workers_to_keep_up
 from pipeline_opt.tune.exactness import REPLAY_NAME
-from pipeline_opt.tune.gpu_decode import NVJPEG_WORKERS
+from pipeline_opt.tune.gpu_decode import GPU_DECODE_CHANGE, gpu_decode_workers
 from pipeline_opt.tune.search import Search
 
 
@@ -33,8 +33,8 @@ def retry_with_persistent_workers(search: Search, guess: LoaderConfig) -> None:
 
 def tune_gpu_decode(search: Search, plan, why_not: str) -> None:
     """Decode the JPEGs on the GPU (nvJPEG, or the random-augmentation replay ``plan``) in a background
-    thread with few workers; then, if that lost, with the incumbent's workers. ``why_not`` is noted
-    when ``plan`` is None."""
+    thread with few workers (unless that was measured already, as the first guess); then, if that
+    lost, with the incumbent's workers. ``why_not`` is noted when ``plan`` is None."""
     if plan is None:
         search.skip("nvjpeg decode", why_not)
         return
@@ -46,9 +46,11 @@ def tune_gpu_decode(search: Search, plan, why_not: str) -> None:
     # candidate decodes in the thread (one trial, not two). Pinned memory makes the decoder's
     # host-to-device copies faster at any worker count.
     light = gpu_decode_workers(inc.num_workers, search.budget.max_workers)
-    change = dict(decode="nvjpeg", gpu_transforms=(), pin_memory=True, decode_thread=True)
-    if search.try_change(f"{what}, in a background thread overlapping the step, with {light} workers (they "
-                         "only read files)", num_workers=light, **change):
+    change = GPU_DECODE_CHANGE
+    first = inc.with_(num_workers=light, **change)
+    if first not in search.history and search.try_change(
+            f"{what}, in a background thread overlapping the step, with {light} workers (they only read files)",
+            num_workers=light, **change):
         search.tune_workers("num_workers after GPU decoding")
         return
     # lost with few workers: where reading the files is what starves the step (a slow disk, a network
@@ -59,20 +61,6 @@ def tune_gpu_decode(search: Search, plan, why_not: str) -> None:
             f"{what}, in a background thread, with the incumbent's {inc.num_workers} workers ({light} left the step "
             f"waiting on data: Little's law asks for {need})", num_workers=inc.num_workers, **change):
         search.tune_workers("num_workers after GPU decoding")
-
-
-def gpu_decode_workers(incumbent_workers: int, max_workers: int) -> int:
-    """The workers the GPU-decode candidate starts with: at most :data:`NVJPEG_WORKERS`.
-
-    With the decode on the GPU a worker reads files (and, for a random Compose, draws parameters),
-    so the count that fed a CPU decode is far more than it needs, and the extra processes compete
-    with the training process and the decoding thread for the cores. In the committed 16-core
-    classification grids the GPU decode in a thread read the same at 2 to 8 workers and slowest
-    at 16 in three of four runs; the tuner then climbs from this count
-    (:meth:`~pipeline_opt.tune.search.Search.tune_workers`), to Little's law's count when the
-    step still waits on data."""
-    light = max(1, min(NVJPEG_WORKERS, max_workers))
-    return min(incumbent_workers, light) if incumbent_workers > 0 else light
 
 
 def tune_flags(search: Search, loader: DataLoader, dev: torch.device, shared_slots: bool = True,
