@@ -212,3 +212,34 @@ def test_autotune_offers_the_gpu_replay_for_a_random_training_pipeline(tiny_imag
     replay = [c for c in result.pixel_checks if c.name.startswith("JPEG decoding + random augmentation")]
     assert len(replay) == 1 and replay[0].allowed, result.pixel_checks
     assert any(t.config.get("decode") == "nvjpeg" for t in result.trials)  # tried as a candidate
+
+
+class _FakeReplayPlan:
+    """A replay plan whose measured parity is given: the decode bounds' verdict without a GPU."""
+
+    def __init__(self, decode_max: float, end_max: float, end_mean: float = 0.3, same_draws: bool = True):
+        from types import SimpleNamespace
+
+        self.parity = SimpleNamespace(same_draws=same_draws, decoder="nvJPEG (cuda)", images=12, decode_mean=0.4,
+                                      decode_max=decode_max, end_to_end_mean=end_mean, end_to_end_max=end_max)
+
+    def measure_error(self, device, n):
+        return self.parity
+
+    def within_tolerance(self, parity):
+        return (True, "") if parity.same_draws else (False, "the replay did not reproduce the CPU pipeline's draws")
+
+
+def test_the_replays_decode_bounds_apply_to_the_decoder_not_to_what_threshold_ops_make_of_it():
+    from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, measure_random_replay
+
+    # a recipe with solarize / posterize: the decoder moves pixels by 3 levels, the recipe's output by 54
+    change = measure_random_replay(_FakeReplayPlan(decode_max=3, end_max=54), torch.device("cpu"))
+    assert change.allowed, change.note
+    assert change.max_error == 54 and change.mean_error == 0.3  # the user is told what the samples see
+    assert "the decoder alone: mean 0.4/255, max 3/255" in change.note
+    # a decoder beyond the bound is refused, and the refusal names the decoder's own error
+    refused = measure_random_replay(_FakeReplayPlan(decode_max=DECODE_MAX_ERROR + 8, end_max=54), torch.device("cpu"))
+    assert not refused.allowed and refused.note.startswith("nvJPEG (cuda) alone:") and "max 40/255 > 32/255" in refused.note
+    # different draws are refused whatever the error
+    assert not measure_random_replay(_FakeReplayPlan(1, 1, same_draws=False), torch.device("cpu")).allowed
