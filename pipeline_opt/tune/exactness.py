@@ -166,6 +166,12 @@ def measure_draft(dataset: Any, plan: Any, n: int = SAMPLE_IMAGES) -> PixelChang
                          mean_error=float(err.mean_abs), max_error=float(err.max_abs), n_images=err.images,
                          size_mismatches=int(err.size_mismatches),
                          note=f"draft vs full libjpeg decode, both resized to {plan.target} (PIL bilinear)")
+    if err.mean_reduction <= 1.0:
+        # libjpeg drafts at 1/2, 1/4 or 1/8 scale only where the image is at least twice the target
+        return replace(change, allowed=False,
+                       note=f"draft() reduces none of {err.images} of your images at the target {plan.target} (a "
+                            "JPEG draft decodes at 1/2, 1/4 or 1/8 scale only where that stays at least the "
+                            "target size): it would change nothing, so it is not offered")
     return _judged(change)
 
 

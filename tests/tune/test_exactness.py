@@ -92,6 +92,18 @@ def test_draft_error_is_measured_on_the_users_images(folder):
     assert change.kind == "decode" and change.allowed and change.setting == "decode=draft"
 
 
+@pytest.mark.parametrize("target", [256, (300, 400)])
+def test_draft_decoding_that_reduces_no_image_is_not_offered(folder, target):
+    """640x480 JPEGs with Resize(256): no 1/2 draft stays at least the target, so the draft decodes
+    the full image and would change nothing (it was listed as a change with a 0/255 error)."""
+    ds = _dataset(folder, T.Compose([T.Resize(target), T.ToTensor()]))
+    plan, why = plan_draft_decode(ds)
+    assert plan is not None, why
+    change = measure_draft(ds, plan)
+    assert not change.allowed and change.max_error == 0
+    assert "reduces none of 12 of your images" in change.note and "it would change nothing" in change.note
+
+
 def test_gpu_decoder_error_is_measured_against_the_pil_pipeline(folder):
     ds = _dataset(folder)
     plan, why = plan_nvjpeg_decode(DataLoader(ds, batch_size=4))
