@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipeline_opt._core.loader_errors import with_loader_hint
 from pipeline_opt._core.progress import progress_bar
 from pipeline_opt._core.step import move_to_device
 from pipeline_opt.loading.dataloader import release_workers
@@ -43,12 +44,12 @@ def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.de
             if iterator is None:
                 if _starts_workers_after_cuda(loader):
                     gc.collect()  # CUDA objects in cyclic garbage must not be collected in forked workers
-                iterator = iter(loader)
+                iterator = _hinted(iter, loader)
                 profiler.new_epoch()
                 fresh = True
             profiler.before_data()
             try:
-                batch = next(iterator)
+                batch = _hinted(next, iterator)
             except StopIteration:
                 profiler.abort_data()
                 if fresh:
@@ -72,3 +73,16 @@ def run_loop(loader: Any, model: torch.nn.Module, step_fn: Any, device: torch.de
         profiler.stop()
         bar.close()
         release_workers(loader, iterator)
+
+
+def _hinted(call, arg):
+    """``call(arg)``; a common loader mistake's error is re-raised with its fix (:mod:`pipeline_opt._core.loader_errors`)."""
+    try:
+        return call(arg)
+    except StopIteration:
+        raise
+    except Exception as exc:
+        hinted = with_loader_hint(exc)
+        if hinted is None:
+            raise
+        raise hinted from exc
