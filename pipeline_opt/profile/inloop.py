@@ -11,7 +11,8 @@
 The loader is not modified: ``prof`` iterates a profiled clone of it (same batches, same order).
 After ``warmup`` (and the prefetched batches) ``steps`` steps are measured, then ``trace_steps``
 steps are traced by torch.profiler; afterwards the loop runs on with negligible overhead. The skip of prefetched batches is shortened (never below ``warmup``)
-when the window would not otherwise fit one epoch of the loader. With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
+when the window would not otherwise fit one epoch of the loader. Given ``output_dir``, the report is
+saved there once the window is measured (or at ``close()``, partial, when the loop ends first). With the environment variable ``PERF_BENCH=1``, ``step()`` ends the
 process once the window is complete: it saves the report to ``output_dir`` (default
 ``./pipeline_opt_perf_bench``), logs where, shuts the workers down and raises
 :class:`PerfBenchComplete` (a ``SystemExit`` with status 0), so an unchanged training script produces
@@ -109,6 +110,7 @@ class LoopProfiler:
         self._in_step = False
         self._report: ProfileReport | None = None
         self._closed = False
+        self._saved: Path | None = None  # where the report was saved (output_dir), once
         self._warned_device = False
         self._epoch_batches = n_batches
         self._validation = ValidationRecorder(warmup_steps=max(warmup, 1))
@@ -156,8 +158,11 @@ class LoopProfiler:
                         "clocks without CUDA synchronisation; pass model=... or device='cuda'")
         was_done = self._profiler.done
         self._profiler.after_step()
-        if not was_done and self._profiler.done and perf_bench_enabled():
-            self._bench_exit()
+        if not was_done and self._profiler.done:
+            if perf_bench_enabled():
+                self._bench_exit()
+            elif self.output_dir is not None:
+                self._save(self.output_dir)
 
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
@@ -202,6 +207,8 @@ class LoopProfiler:
         """Stop measuring, shut down the clone's workers and remove the worker files (idempotent)."""
         if self._closed:
             return
+        if self.output_dir is not None and self._saved is None and self._profiler.measured_steps:
+            self._save(self.output_dir)  # the loop ended before the window did: the partial report
         self._profiler.stop()
         release_workers(self._loader, self._batches)
         self._batches = None
@@ -209,14 +216,20 @@ class LoopProfiler:
         self._closed = True
 
     def _bench_exit(self) -> None:
-        report = self.report()
         directory = self.output_dir if self.output_dir is not None else Path.cwd() / DEFAULT_BENCH_DIR
-        report.save(directory)
+        report = self._save(directory)
         self.close()
         log.warning("%s=1: profiled %d steps (%.1f samples/s, bottleneck %s); report saved to %s; exiting with "
                     "status 0", PERF_BENCH_ENV, len(report.steps), report.throughput, report.bottleneck,
                     directory.resolve())
         raise PerfBenchComplete(directory)
+
+    def _save(self, directory: Path) -> ProfileReport:
+        report = self.report()
+        report.save(directory)
+        self._saved = directory
+        log.info("profile_loop: report of %d steps saved to %s", len(report.steps), directory.resolve())
+        return report
 
     def __enter__(self) -> LoopProfiler:
         return self
@@ -238,7 +251,9 @@ def profile_loop(loader: Any, model: torch.nn.Module | None = None, steps: int =
                  **kwargs: Any) -> LoopProfiler:
     """A :class:`LoopProfiler` over ``loader`` (see the module docstring; honours ``PERF_BENCH=1``).
 
-    ``model`` (or ``device``) tells it where the step runs, so CUDA time is synchronised; extra
+    ``model`` (or ``device``) tells it where the step runs, so CUDA time is synchronised;
+    ``output_dir`` gets the report (report.json, summary.txt, trace.json, report.html) once the
+    window is measured; extra
     keyword arguments: ``worker_profiling``, ``record_shapes``, ``tensorboard_dir``, ``trace_steps`` (see
     :func:`pipeline_opt.profile`).
     """

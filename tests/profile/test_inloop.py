@@ -102,6 +102,29 @@ def test_a_loop_shorter_than_the_window_warns_and_reports_what_it_measured(caplo
     assert "ended after 2 of the 5 measured steps" in caplog.text
 
 
+def test_output_dir_gets_the_report_once_the_window_is_measured(tmp_path, monkeypatch):
+    monkeypatch.delenv("PERF_BENCH", raising=False)
+    out = tmp_path / "loop_report"
+    with po.profile_loop(DataLoader(Tiny(40), batch_size=4), steps=3, warmup=1, output_dir=out) as prof:
+        for _ in prof:
+            prof.step()
+        # 10 batches: the window (skipped, measured and traced steps) is done before the loop ends, and
+        # the report was written then, without PERF_BENCH and before close()
+        saved = json.loads((out / "report.json").read_text())
+    assert len(saved["steps"]) == 3 and (out / "report.html").exists()
+
+
+def test_output_dir_gets_the_partial_report_when_the_loop_ends_first(tmp_path, monkeypatch):
+    monkeypatch.delenv("PERF_BENCH", raising=False)
+    out = tmp_path / "partial"
+    prof = po.profile_loop(DataLoader(Tiny(12), batch_size=4), steps=5, warmup=1, output_dir=out)  # 3 batches
+    for _ in prof:
+        prof.step()
+    assert not out.exists()
+    prof.close()
+    assert len(json.loads((out / "report.json").read_text())["steps"]) == 2
+
+
 def test_bad_steps_raise():
     with pytest.raises(ValueError, match="steps=0"):
         po.profile_loop(DataLoader(Tiny(4)), steps=0)
