@@ -202,8 +202,8 @@ def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGE
     The decode bounds (:data:`DECODE_MEAN_ERROR`, :data:`DECODE_MAX_ERROR`) apply to the decoder
     alone (the device's decode against Pillow's, before any transform): the replayed operations
     reproduce the CPU ones on the same input, but threshold operations (solarize, posterize,
-    equalize, autocontrast) turn a decoder's one-level difference into a jump of many levels at the
-    pixels near a threshold, so the end-to-end maximum of such a recipe says how far a pixel can move,
+    equalize, autocontrast) turn a one-level difference of the decoder or of the device resize's
+    rounding into a jump of many levels at the pixels near a threshold, so the end-to-end maximum of such a recipe says how far a pixel can move,
     not how good the decoder is. The change names the end-to-end error (what the user's samples
     see) and the decoder's own."""
     parity = plan.measure_error(device=device, n=n)
