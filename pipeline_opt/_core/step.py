@@ -295,9 +295,12 @@ def _mismatch_hint(model: torch.nn.Module, batch: Any, exc: BaseException) -> st
                 "the model")
     if _DTYPE_ERROR.search(text):
         floats = sorted({str(t.dtype) for t in tensors if t.is_floating_point()})
-        return (f"the model's parameters are {dtype} and the batch's floating tensors {', '.join(floats) or '-'}; "
-                "cast one to the other (model.to(...) or the inputs inside step_fn), or run the forward under "
-                "torch.autocast")
+        others = sorted({str(t.dtype) for t in tensors if not t.is_floating_point()})
+        batch_is = (f"the batch's floating-point tensors are {', '.join(floats)}" if floats else
+                    f"the batch holds no floating-point tensor (its tensors are {', '.join(others) or 'none'}: "
+                    "uint8 images need a ToTensor / ToDtype(torch.float32, scale=True) or a cast in step_fn)")
+        return (f"the model's parameters are {dtype} and {batch_is}; cast one to the other (model.to(...) or "
+                "the inputs inside step_fn), or run the forward under torch.autocast")
     return None
 
 
@@ -350,8 +353,9 @@ def validate_step(model: torch.nn.Module, batch: Any, step_fn: StepFn | None) ->
     except Exception as exc:
         hint = None if step is default_step else _mismatch_hint(model, batch, exc)
         if hint is not None:
+            first = str(exc).strip().splitlines()[0].rstrip(". ") if str(exc).strip() else "(no message)"
             raise ValueError(f"step_fn raised {type(exc).__name__} on the first batch, before any measurement: "
-                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} - {hint}") from exc
+                             f"{first}. {hint[0].upper()}{hint[1:]}.") from exc
         if hasattr(exc, "add_note"):
             exc.add_note("pipeline_opt: raised by the training step on the first batch, before any measurement")
         raise

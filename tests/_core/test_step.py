@@ -76,6 +76,23 @@ def test_a_step_that_moves_the_batch_elsewhere_gets_a_device_hint():
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+@pytest.mark.parametrize(("images", "says"), [
+    (torch.rand(16, 3, 8, 8, dtype=torch.float64), "the batch's floating-point tensors are torch.float64"),
+    (torch.randint(0, 255, (16, 3, 8, 8), dtype=torch.uint8),
+     "the batch holds no floating-point tensor (its tensors are torch.int64, torch.uint8: uint8 images need a "
+     "ToTensor"),
+])
+def test_a_step_that_feeds_another_dtype_gets_a_dtype_hint_in_sentences(images, says):
+    def step(model, batch):
+        model(batch[0]).sum().backward()
+
+    with pytest.raises(ValueError) as info:
+        po.profile(_loader(images), _model(), step_fn=step, steps=2, warmup=1, limit=False, trace_steps=0)
+    msg = str(info.value)
+    assert "The model's parameters are torch.float32 and " + says in msg, msg
+    assert " - " not in msg and msg.endswith("torch.autocast."), msg
+
+
 def test_a_step_fn_that_runs_no_backward_and_returns_nothing_is_measured_forward_only_with_a_warning(caplog):
     def forward_only(model, batch):
         model(batch[0])
