@@ -22,6 +22,7 @@ from pipeline_opt._core.log import get_logger
 from pipeline_opt.datasets import make_image_folder
 from pipeline_opt.report.html import render_tune_html
 from pipeline_opt.report.text import before_after_table
+from pipeline_opt.tune.ab import noise_text
 from pipeline_opt.tune.vetting import samples_clause
 
 log = get_logger("demo")
@@ -210,7 +211,7 @@ def _run(cfg: DemoConfig) -> DemoResult:
     (out / "report.html").write_text(render_tune_html(tuned.to_dict()))
 
     table = (f"autotune: {tuned.speedup:.2f}x over the naive loader in interleaved trials "
-             f"(measured noise ±{100 * tuned.noise:.0f}%, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s); "
+             f"(measured {noise_text(tuned.noise, 0)}, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s); "
              f"{samples_clause(tuned.exactness, tuned.pixel_changes)}\n\n"
              + before_after_table(before, after, tuned.config, tuned.original_config, speedup=tuned.speedup,
                                   trial_throughput=(tuned.baseline_throughput, tuned.best_throughput)))

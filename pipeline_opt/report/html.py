@@ -23,6 +23,7 @@ from pipeline_opt.report.text import (
     transform_names,
     workers_title,
 )
+from pipeline_opt.tune.ab import noise_text
 from pipeline_opt.tune.exactness import PixelChange
 from pipeline_opt.tune.result import trial_spread
 
@@ -268,7 +269,7 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
               "repeat windows · dashed line: baseline</p>")
     body = (
         f"<h1>pipeline_opt autotune</h1><p class=\"meta\">{len(trials)} trials in "
-        f"{float(d.get('tuning_time_s') or 0.0):.1f} s · measured noise ±{100 * noise:.0f}%</p>"
+        f"{float(d.get('tuning_time_s') or 0.0):.1f} s · measured {noise_text(noise, 0)}</p>"
         f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
         + (f'<div class="card"><b>{trial_after:,.1f}</b><span>samples/s after (tuning trials)</span></div>'
            f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s before (tuning trials)</span></div>'

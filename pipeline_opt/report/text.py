@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline_opt._core.grid import grid
+from pipeline_opt.tune.ab import noise_text
 from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, DECODE_MEAN_ERROR, PixelChange
 from pipeline_opt.tune.result import trial_spread
 
@@ -302,7 +303,7 @@ def tune_table(result: Any) -> str:
     samples = pixel_change_lines(d)
     lines = [
         f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
-        f"  speedup {speedup:.2f}x ({verdict}; measured noise ±{100 * noise:.0f}%)",
+        f"  speedup {speedup:.2f}x ({f'{verdict}; measured {noise_text(noise, 0)}' if noise > 0 else noise_text(0.0)})",
         *(["  " + line for line in samples]),
         "",
         before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config"), speedup=speedup,

@@ -52,6 +52,15 @@ class Judgement:
         return f"{self.finding}: {self.decision}"
 
 
+def noise_text(noise: float, digits: int | None = None) -> str:
+    """``noise ±12%`` (``digits`` decimals, or as :func:`judge` writes percentages), or ``noise not
+    measured`` for 0.0: the baseline had no plain trial to measure it on, and ±0% would claim a
+    certainty nothing measured."""
+    if noise <= 0:
+        return "noise not measured"
+    return f"noise ±{_pct(noise, False)}" if digits is None else f"noise ±{100 * noise:.{digits}f}%"
+
+
 def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MIN_GAIN,
           spread: float = 0.0) -> Judgement:
     """How ``candidate`` (median samples/s) compares with ``incumbent``, in words a user can act on.
@@ -63,7 +72,8 @@ def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MI
         return Judgement(candidate > 0, 0.0, 0.0, "the incumbent measured no throughput")
     gain = candidate / incumbent - 1.0
     threshold = max(noise, min_gain, spread)
-    context = f"noise ±{_pct(noise, False)}" + (f", window spread ±{_pct(spread, False)}" if spread > noise else "")
+    context = (f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured") + \
+        (f", window spread ±{_pct(spread, False)}" if spread > noise else "")
     if gain > threshold:
         return Judgement(True, gain, threshold, f"{_pct(gain)} faster ({context})")
     if gain < -threshold:
@@ -71,9 +81,11 @@ def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MI
     if threshold == noise and noise > 0:
         inside = f"inside the measured noise ±{_pct(noise, False)}"
     elif threshold == spread and spread > 0:
-        inside = f"inside the trials' own window spread ±{_pct(spread, False)} (noise ±{_pct(noise, False)})"
+        noise_said = f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured"
+        inside = f"inside the trials' own window spread ±{_pct(spread, False)} ({noise_said})"
     else:
-        inside = f"inside the {_pct(min_gain, False)} minimum gain (noise ±{_pct(noise, False)})"
+        noise_said = f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured"
+        inside = f"inside the {_pct(min_gain, False)} minimum gain ({noise_said})"
     return Judgement(False, gain, threshold, f"{_pct(gain)} is {inside}")
 
 

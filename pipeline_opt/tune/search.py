@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 
 from pipeline_opt._core.log import get_logger
-from pipeline_opt.tune.ab import MIN_GAIN, _pct, accept, clear_win, judge
+from pipeline_opt.tune.ab import MIN_GAIN, _pct, accept, clear_win, judge, noise_text
 from pipeline_opt.tune.budget import ResourceBudget
 from pipeline_opt.tune.candidates import LoaderConfig, worker_neighbours, workers_to_keep_up
 from pipeline_opt.tune.evidence import PooledEvidence
@@ -301,7 +301,7 @@ class Search(PooledEvidence):
             return False
         self._update_noise()
         if cfg == self.baseline:
-            now = f"noise now ±{self.noise:.1%}"
+            now = f"noise now ±{self.noise:.1%}" if self.noise > 0 else "noise not measured yet"
         else:  # a candidate's repeats feed its pooled median, not the noise (module docstring)
             now = f"pooled median now {self.median(cfg):,.1f}/s over {len(self.evidence(cfg))} trials"
         self._record(cfg, m, cfg == self.incumbent, f"{why}: {now}")
@@ -424,7 +424,7 @@ class Search(PooledEvidence):
             verdict = "nothing beat the loader as given beyond the noise; the original settings are returned"
         else:
             verdict = (f"{best.label()} is {out.speedup:.2f}x the baseline ({base.label()}), "
-                       f"noise ±{_pct(self.noise, False)}")
+                       f"{noise_text(self.noise)}")
             if self._slots_tie_with_baseline() and not accept(self.median(best), self.median(base), self.noise,
                                                               self.min_gain)[0]:
                 verdict += f": not slower, kept on the shared-slots tie rule ({SLOTS_TIE_REASON})"

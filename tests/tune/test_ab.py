@@ -49,3 +49,16 @@ def test_the_judge_names_what_set_the_threshold():
     assert judge(60.0, 100.0, 0.05).sentence == "40% slower (noise ±5.0%): rolled back"
     assert judge(102.0, 100.0, 0.0).decision == "not kept" and "3.0% minimum gain" in judge(102.0, 100.0, 0.0).finding
     assert repeat_noise([100.0, 110.0]) == pytest.approx(10 / 105)
+
+
+def test_a_noise_nothing_measured_is_said_to_be_unmeasured_not_zero():
+    """The first guess was judged against a baseline with one (profiled) trial: "noise ±0.0%" beside a
+    window spread of ±14% read as a certainty nothing had measured."""
+    from pipeline_opt.tune.ab import judge, noise_text
+
+    won = judge(2.0, 1.0, 0.0, spread=0.14).sentence
+    assert won == "+100% faster (noise not measured, window spread ±14%): kept"
+    assert "±0" not in judge(1.02, 1.0, 0.0, spread=0.14).sentence
+    assert "±0" not in judge(1.01, 1.0, 0.0).sentence
+    assert noise_text(0.0) == "noise not measured" and noise_text(0.123, 0) == "noise ±12%"
+    assert judge(1.5, 1.0, 0.12).sentence == "+50% faster (noise ±12%): kept"  # a measured noise as before
