@@ -77,7 +77,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def check_cpu() -> Finding:
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_cpu(has_cuda: bool | None = None) -> Finding:
+    """Usable cores; the advice for few cores depends on whether there is a GPU to move work to
+    (``has_cuda``; None: ask torch)."""
+    has_cuda = _has_cuda() if has_cuda is None else has_cuda
     total = os.cpu_count() or 1
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
     value = f"{usable} usable of {total} logical cores"
@@ -86,9 +95,10 @@ def check_cpu() -> Finding:
                        f"DataLoader workers can only use {usable} cores; leave 1-2 for the main thread "
                        "(num_workers <= usable - 2) or widen the affinity (taskset / cgroup cpuset).")
     if usable <= 2:
-        return Finding("cpu", value, "info", "few cores: move tensor work (normalize, resize) to the GPU; how "
-                       "many workers fit beside the training thread depends on its own CPU use: po.autotune "
-                       "measures it and reserves that share.")
+        first = "move tensor work (normalize, resize) to the GPU" if has_cuda else \
+            "keep the per-sample work light (JPEG draft decoding, a Resize before costly transforms)"
+        return Finding("cpu", value, "info", f"few cores: {first}; how many workers fit beside the training "
+                       "thread depends on its own CPU use: po.autotune measures it and reserves that share.")
     return Finding("cpu", value, "ok", f"num_workers up to about {max(1, usable - 2)} leaves cores for the "
                    "main thread and the pin-memory thread.")
 
@@ -170,7 +180,10 @@ def measure_resize_ms(repeats: int = 10) -> float:
     return 1e3 * times[len(times) // 2]
 
 
-def check_pillow() -> Finding:
+def check_pillow(has_cuda: bool | None = None) -> Finding:
+    """Which Pillow loads and how fast it resizes; the GPU is named as the alternative only when there
+    is one (``has_cuda``; None: ask torch)."""
+    has_cuda = _has_cuda() if has_cuda is None else has_cuda
     flavour, version = pillow_flavour()
     ms = measure_resize_ms()
     value = f"{flavour} {version}; 1280x960 -> 224 resize {ms:.2f} ms"
@@ -181,8 +194,9 @@ def check_pillow() -> Finding:
     if simd is not None:
         return Finding("pillow", value, "warn", f"pillow-simd {simd} is installed but stock Pillow {version} is what "
                        "loads (a later torchvision/pillow install restored it): run `make simd` again.")
-    return Finding("pillow", value, "info", "stock Pillow: Pillow-SIMD resizes 5-8x faster on AVX2 CPUs "
-                   "(`make simd`), or move resize to the GPU (po.transforms).")
+    gpu = ", or move resize to the GPU (po.transforms)" if has_cuda else ""
+    return Finding("pillow", value, "info", f"stock Pillow: Pillow-SIMD resizes 5-8x faster on AVX2 CPUs "
+                   f"(`make simd`){gpu}.")
 
 
 def check_opencv() -> Finding:

@@ -82,3 +82,15 @@ def test_a_failing_check_becomes_a_warning(monkeypatch):
 def test_finding_rejects_unknown_status():
     with pytest.raises(ValueError, match="status='bad'"):
         doctor.Finding("x", "y", "bad", "")
+
+
+@pytest.mark.parametrize("has_cuda", [False, True])
+def test_gpu_advice_only_where_there_is_a_gpu(monkeypatch, has_cuda):
+    """A machine without a GPU was advised to move tensor work and resizes to the GPU."""
+    _fake_versions(monkeypatch, {"pillow": "11.0.0"})
+    monkeypatch.setattr(doctor.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(doctor.os, "sched_getaffinity", lambda pid: {0, 1})
+    cpu, pillow = doctor.check_cpu(has_cuda=has_cuda), doctor.check_pillow(has_cuda=has_cuda)
+    assert ("GPU" in cpu.recommendation) is has_cuda, cpu.recommendation
+    assert ("GPU" in pillow.recommendation) is has_cuda, pillow.recommendation
+    assert "few cores" in cpu.recommendation and "Pillow-SIMD" in pillow.recommendation
