@@ -96,13 +96,16 @@ def _diagnosis(d: Mapping[str, Any]) -> str:
 
 
 def step_chart(d: Mapping[str, Any]) -> str:
-    """Stacked bars per measured step: data wait, host-to-device, compute (milliseconds)."""
+    """Stacked bars per measured step: data wait, host-to-device (left out of a CPU run that copied
+    nothing), compute (milliseconds)."""
     steps = d.get("steps") or ()
     if not steps:
         return "<p>No per-step records in this report.</p>"
+    h2d = tuple(1e3 * float(s["h2d_s"]) for s in steps)
+    copies = not str(d.get("device", "cpu")).startswith("cpu") or any(v > 0 for v in h2d)
     series = [
         Series("data wait", DATA_WAIT_COLOR, tuple(1e3 * float(s["data_wait_s"]) for s in steps)),
-        Series("H2D", H2D_COLOR, tuple(1e3 * float(s["h2d_s"]) for s in steps)),
+        *((Series("H2D", H2D_COLOR, h2d),) if copies else ()),
         Series("compute", COMPUTE_COLOR, tuple(1e3 * float(s["compute_s"]) for s in steps)),
     ]
     labels = [str(s.get("index", i)) for i, s in enumerate(steps)]

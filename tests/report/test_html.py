@@ -142,3 +142,11 @@ def test_the_step_chart_marks_epoch_boundaries_and_names_its_axes():
     html = step_chart({"steps": steps})
     assert "e1|7" in html and "1 epoch boundary in the window" in html and "milliseconds (y)" in html
     assert "all in one epoch" in step_chart({"steps": steps[:2]})
+
+
+def test_the_step_chart_has_no_h2d_legend_on_a_cpu_run():
+    from pipeline_opt.report.html import step_chart
+
+    steps = [{"index": i, "data_wait_s": 0.01, "h2d_s": 0.0, "compute_s": 0.02, "epoch": 0} for i in range(3)]
+    assert "H2D" not in step_chart({"steps": steps, "device": "cpu"})
+    assert "H2D" in step_chart({"steps": steps, "device": "cuda:0"})
