@@ -240,6 +240,7 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     for name in ("report.html", "summary.txt", "trace.json", "baseline/report.html", "best/report.json",
                  "tune.json"):
         assert (out / name).is_file(), name
+    assert not (out / "tune.html").exists()  # the tuning report is report.html, not also a byte-identical copy
 
 
 def test_the_cpu_demo_steps_on_one_thread_and_restores_the_count(monkeypatch, tmp_path):
