@@ -294,6 +294,9 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
     search.confirm()
     outcome = search.outcome()
     log.info("autotune: %s", outcome.verdict)
+    # the bar's last postfix was the last trial's (often the baseline's confirmation): end on the winner
+    bar.set_postfix(f"kept {outcome.best.label()} ({outcome.speedup:.2f}x)" if outcome.best != outcome.baseline
+                    else f"kept the loader as given ({outcome.baseline.label()})")
 
     final = builder.build(outcome.best, trial=False)
     if outcome.best == outcome.baseline:

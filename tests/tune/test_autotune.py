@@ -22,6 +22,7 @@ from tune_fixtures import (
 import pipeline_opt as po
 from pipeline_opt._core.step import default_step
 from pipeline_opt.tune.budget import affinity_cpus
+from pipeline_opt.tune.candidates import LoaderConfig
 from pipeline_opt.tune.measure import live_children, measure_throughput
 
 CPU = torch.device("cpu")
@@ -221,3 +222,28 @@ def test_the_stale_dataset_rule_looks_through_wrappers_and_only_at_epoch_hooks()
 
     assert stale_dataset_hazard(SlowIO()) is None and stale_dataset_hazard(None) is None
     assert "EpochAware.set_epoch()" in stale_dataset_hazard(torch.utils.data.Subset(EpochAware(), [0, 1]))
+
+
+def test_the_progress_bar_ends_on_the_kept_configuration(monkeypatch):
+    """The bar's last line was the last trial's, often the baseline's confirmation ("workers=0 197.0
+    samples/s"), which read as if the loader as given had won."""
+    import pipeline_opt.tune.api as api
+
+    postfixes: list[str] = []
+
+    class Recording:
+        def update(self, n=1):
+            pass
+
+        def set_postfix(self, text):
+            postfixes.append(text)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(api, "progress_bar", lambda *a, **k: Recording())
+    loader = DataLoader(SlowIO(n=120, latency_s=0.02), batch_size=4)
+    result = po.autotune(loader, tiny_model(), time_budget_s=12, progress=True)
+    assert result.config != result.original_config  # 80 ms of waiting per batch: workers win by far
+    kept = LoaderConfig.from_dict(result.config).label()
+    assert postfixes[-1] == f"kept {kept} ({result.speedup:.2f}x)", postfixes
