@@ -168,6 +168,7 @@ def build_report(main: MainResult, records: Sequence[WorkerRecord], *, loader_co
         main_runqueue_s=runqueue_s,
         main_runqueue_frac=_clamp(main.runqueue_s / window) if main.runqueue_s is not None and window > 0 else None,
         main_thread_cpu_s=_thread_cpu_per_step(main),
+        window_step_s=window / len(steps) if window > 0 else None,
     )
     diagnosis = diagnose(measurements)
     trace_events = build_trace(main, records, main_pid=os.getpid(),

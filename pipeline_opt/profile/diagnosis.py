@@ -79,6 +79,7 @@ class Measurements:
     main_runqueue_s: float | None = None  # per step, the training thread runnable but waiting for a core
     main_runqueue_frac: float | None = None  # the same as a share of the measured window
     main_thread_cpu_s: float | None = None  # per step, the training thread's own time on a CPU (part of main_cpu_s)
+    window_step_s: float | None = None  # the measured window's wall seconds per step (its mean step, not the median)
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,15 @@ def evidence(m: Measurements) -> tuple[str, ...]:
         out.append(f"the training thread waited {m.main_runqueue_s * 1e3:.1f} ms per step for a free core "
                    f"({_pct(m.main_runqueue_frac)} of the measured window; runnable, not running)")
     if m.main_thread_cpu_s is not None and m.step_time_s > 0:
-        line = (f"the training thread ran on a CPU {m.main_thread_cpu_s * 1e3:.1f} ms per step "
-                f"({_pct(min(m.main_thread_cpu_s / m.step_time_s, 1.0))} of the step)")
+        # the CPU seconds are the window's, per step: their share is of the window's mean step, which a
+        # few long steps (an epoch start, a validation) put far above the median
+        mean = m.window_step_s
+        if mean and mean > 0 and abs(mean - m.step_time_s) > 0.1 * m.step_time_s:
+            share = (f"{_pct(min(m.main_thread_cpu_s / mean, 1.0))} of the measured window's mean step of "
+                     f"{mean * 1e3:.1f} ms; the median step is {m.step_time_s * 1e3:.1f} ms")
+        else:
+            share = f"{_pct(min(m.main_thread_cpu_s / (mean or m.step_time_s), 1.0))} of the step"
+        line = f"the training thread ran on a CPU {m.main_thread_cpu_s * 1e3:.1f} ms per step ({share})"
         if m.main_cpu_s and m.main_cpu_s > m.main_thread_cpu_s:
             line += (f"; the training process's threads together {m.main_cpu_s * 1e3:.1f} ms (the rest: "
                      "intra-op, autograd and loader threads)")

@@ -194,6 +194,16 @@ def test_a_data_bound_step_gets_its_data_recommendations_before_the_core_wait():
     assert any(r.startswith("the training thread waited for a core 12%") for r in recs[1:])
 
 
+def test_the_training_threads_cpu_is_a_share_of_the_windows_mean_step_when_that_differs_from_the_median():
+    """A window with a few long steps: 411.9 ms of CPU per step read as "100% of the step" beside a
+    106.9 ms median step."""
+    ev = diagnose(_gpu(step_time_s=0.1069, main_thread_cpu_s=0.4119, window_step_s=0.52)).evidence
+    (line,) = [e for e in ev if "training thread ran on a CPU" in e]
+    assert "(79% of the measured window's mean step of 520.0 ms; the median step is 106.9 ms)" in line, line
+    close = diagnose(_gpu(step_time_s=0.06, main_thread_cpu_s=0.038, window_step_s=0.062)).evidence
+    assert any("(61% of the step)" in e for e in close), close
+
+
 def test_the_training_threads_own_cpu_is_stated_beside_the_processs():
     ev = diagnose(_gpu(step_time_s=0.06, main_thread_cpu_s=0.038, main_cpu_s=0.055)).evidence
     (line,) = [e for e in ev if "training thread ran on a CPU" in e]
