@@ -26,6 +26,11 @@ from typing import Any
 AFTER_STEPS = 5  # steps after a pass compared with the steady ones
 SLOW = 1.25  # a step this much slower than the steady median counts as slowed by validation
 TARGET_SHARE = 0.05  # validate so that it costs at most this share of the training time
+MAX_EVERY = 20  # the longest validation interval advised, in epochs; beyond it a subset is advised
+# built-ins whose self time is waiting (for a worker's batch, a lock, a timer), not the pass's own CPU work
+_WAITING = ("<method 'poll' of 'select.poll' objects>", "<built-in method select.select>",
+            "<method 'acquire' of '_thread.lock' objects>", "<built-in method time.sleep>",
+            "<method 'poll' of 'select.epoll' objects>", "<method 'wait' of '_thread.lock' objects>")
 TOP_HOTSPOTS = 5
 
 
@@ -182,7 +187,12 @@ def _with_words(r: ValidationInterference) -> ValidationInterference:
         epoch_s = r.steps_per_epoch * r.steady_step_s
         every = max(1, math.ceil(cost / (TARGET_SHARE * epoch_s)))
         share = cost / (epoch_s + cost)
-        if every > 1:
+        if every > MAX_EVERY:
+            recs.append(f"validation and its after-effect take {cost / epoch_s:.1f}x an epoch's training time "
+                        f"({share:.0%} of each epoch's time): validating every {MAX_EVERY} epochs still costs "
+                        f"{cost / (MAX_EVERY * epoch_s + cost):.0%}; validate on a subset of the validation set "
+                        f"(about 1/{every} of it keeps each pass under {TARGET_SHARE:.0%})")
+        elif every > 1:
             recs.append(f"validation and its after-effect cost {share:.0%} of each epoch's time: validating every "
                         f"{every} epochs keeps it under {TARGET_SHARE:.0%}")
     if r.slowed_steps and r.after_data_s and r.after_data_s[0] > 0.5 * max(r.after_step_s[0] - r.steady_step_s, 0):
@@ -202,7 +212,8 @@ def _main_hotspot(passes: list[ValidationPass]) -> str | None:
     totals: dict[str, float] = {}
     for p in passes:
         for name, seconds in p.hotspots:
-            totals[name] = totals.get(name, 0.0) + seconds
+            if name not in _WAITING:  # waiting for a batch or a lock is not the pass's CPU work
+                totals[name] = totals.get(name, 0.0) + seconds
     if not totals:
         return None
     name, seconds = max(totals.items(), key=lambda kv: kv[1])
@@ -213,7 +224,7 @@ def _top_functions(profiler: cProfile.Profile) -> tuple[tuple[str, float], ...]:
     stats = pstats.Stats(profiler).stats  # {(file, line, function): (cc, nc, tottime, cumtime, callers)}
     rows = []
     for (filename, _line, function), (_cc, _nc, tottime, _cum, _callers) in stats.items():
-        if function in ("<module>", "disable") or function.startswith("<method 'disable'"):
+        if function in ("<module>", "disable") or function.startswith("<method 'disable'") or function in _WAITING:
             continue
         where = filename.rsplit("/", 1)[-1]
         rows.append((function if filename == "~" else f"{function} ({where})", float(tottime)))

@@ -91,3 +91,19 @@ def test_profile_loop_measures_a_cpu_burning_validation_and_the_workers_it_resta
     assert any("persistent_workers=True" in line for line in r.recommendations)
     assert report.validation == r and "validation: the" in report.table()
     assert report.to_dict()["validation"]["slowed_steps"] == r.slowed_steps
+
+
+def test_a_pass_far_longer_than_an_epoch_gets_subset_advice_not_a_78_epoch_interval():
+    steady = [(0.01, 0.0)] * 10  # 10 steps of 10 ms: a 0.1 s epoch; each pass 3.9 s
+    r = analyse(steady + steady + steady, [_pass(10, seconds=3.9, hotspots=()), _pass(20, seconds=3.9, hotspots=())],
+                warmup_steps=1, steps_per_epoch=10)
+    (line,) = [x for x in r.recommendations if "validat" in x]
+    assert "39.0x an epoch's training time" in line and "subset" in line and "about 1/780 of it" in line, line
+    assert "validating every 780" not in line and "every 20 epochs still costs 66%" in line, line
+
+
+def test_waiting_builtins_are_not_named_as_the_validation_hotspot():
+    poll = ("<method 'poll' of 'select.poll' objects>", 2.0)
+    r = analyse([(0.1, 0.0)] * 10 + [(0.3, 0.0)] + [(0.1, 0.0)] * 5,
+                [_pass(10, hotspots=(poll, ("nms (ops.py)", 0.3)))], warmup_steps=1)
+    assert r.hotspot is not None and "nms" in r.hotspot and "poll" not in r.hotspot
