@@ -58,6 +58,7 @@ class ValidationInterference:
     steps_per_epoch: int | None
     recommendations: tuple[str, ...] = ()
     summary: str = ""
+    steady_steps: int = 0  # the training steps the steady step is the median of (the whole loop, not the window)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,7 +164,8 @@ def analyse(steps: list[tuple[float, float]], passes: list[ValidationPass], *, w
     hotspot = _main_hotspot(followed)
     result = ValidationInterference(
         passes=tuple(passes), steady_step_s=steady_s, after_step_s=tuple(after_s), after_data_s=tuple(after_data),
-        slowed_steps=slowed, extra_s_per_pass=extra, hotspot=hotspot, steps_per_epoch=steps_per_epoch)
+        slowed_steps=slowed, extra_s_per_pass=extra, hotspot=hotspot, steps_per_epoch=steps_per_epoch,
+        steady_steps=len(steady))
     return _with_words(result)
 
 
@@ -174,10 +176,12 @@ def _with_words(r: ValidationInterference) -> ValidationInterference:
     ms = 1e3
     if r.slowed_steps:
         summary = (f"the {r.slowed_steps} step{'s' if r.slowed_steps > 1 else ''} after validation took "
-                   f"{r.slowdown:.1f}x the steady step ({r.steady_step_s * ms:.0f} ms): "
+                   f"{r.slowdown:.1f}x the steady step ({r.steady_step_s * ms:.0f} ms, the median of "
+                   f"{r.steady_steps} training steps away from validation): "
                    f"{r.extra_s_per_pass:.2f} s lost per pass, on top of the pass itself ({val_s:.2f} s)")
     else:
-        summary = (f"the steps after validation ran at the steady pace ({r.steady_step_s * ms:.0f} ms; first "
+        summary = (f"the steps after validation ran at the steady pace ({r.steady_step_s * ms:.0f} ms, the median "
+                   f"of {r.steady_steps} training steps away from validation; first "
                    f"{r.after_step_s[0] * ms:.0f} ms); the pass itself took {val_s:.2f} s")
     if r.hotspot:
         summary += f"; validation's CPU hotspot: {r.hotspot}"

@@ -24,7 +24,8 @@ def test_the_slowed_steps_after_each_pass_are_named_with_the_hotspot_and_a_measu
     assert r.slowed_steps == 2 and r.steady_step_s == pytest.approx(0.12)
     assert r.slowdown == pytest.approx(0.275 / 0.12)
     assert r.extra_s_per_pass == pytest.approx(0.18 + 0.13)
-    assert "the 2 steps after validation took 2.3x the steady step (120 ms)" in r.summary
+    assert "the 2 steps after validation took 2.3x the steady step (120 ms, the median of 54 training steps away " \
+        "from validation)" in r.summary
     assert "non_max_suppression" in r.hotspot and "non_max_suppression" in r.summary
     # (1.0 s + 0.31 s) per 2.4 s epoch: 35%; every 11 epochs keeps it under 5%
     assert any("validating every 11 epochs" in line for line in r.recommendations)
