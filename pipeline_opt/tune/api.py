@@ -10,9 +10,11 @@ The order of work (see :mod:`pipeline_opt.tune.search` for the acceptance rules)
    few of the user's images first and offered only within the documented error bounds; with
    ``exact=True`` only bit-identical changes are planned;
 3. the Little's-law guess, interleaved with the baseline (A B A B) to measure the noise unless it
-   wins by far; when the guess is capped by the budget on a data-bound loader it carries the GPU
-   offload and JPEG draft decoding too (each cuts per-sample CPU); then GPU JPEG decoding
-   (nvJPEG, in a background thread, with at most 4 workers: they only read files); on CUDA,
+   wins by far; when the guess is capped by the budget on a data-bound loader, the first guess is
+   GPU JPEG decoding (nvJPEG or the random-augmentation replay, in a background thread, with at
+   most 4 workers: they only read files) where it is planned, the CPU guess next only if it lost;
+   otherwise the capped guess carries the GPU offload and JPEG draft decoding (each cuts
+   per-sample CPU), and GPU JPEG decoding is tried after it; on CUDA,
    shared slots (workers reuse page-locked buffers) right away for batches of 16 MB or more;
    hill-climb num_workers; the offload / draft decoding not tried yet; pin_memory, shared slots,
    persistent_workers, prefetch_factor; finally re-check the winner against the baseline (every
