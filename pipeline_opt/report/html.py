@@ -240,7 +240,8 @@ def trial_chart(d: Mapping[str, Any]) -> str:
         colors.append(ACCEPTED_COLOR if t.get("accepted") else FAILED_COLOR if status != "ok" else REJECTED_COLOR)
     labels = [f"#{i}" if t.get("status", "ok") == "ok" else f"#{i} {t.get('status')}"
               for i, t in enumerate(trials, 1)]
-    base = float(d["baseline"]["throughput"])
+    # the speedup's own denominator (the baseline's pooled tuning trials), not the baseline's short profile
+    base = float(d.get("baseline_throughput") or 0.0) or float(d["baseline"]["throughput"])
     return whisker_bars(labels, values, lows, highs, colors, "throughput per trial", "samples/s",
                         reference=("baseline", base))
 

@@ -150,3 +150,13 @@ def test_the_step_chart_has_no_h2d_legend_on_a_cpu_run():
     steps = [{"index": i, "data_wait_s": 0.01, "h2d_s": 0.0, "compute_s": 0.02, "epoch": 0} for i in range(3)]
     assert "H2D" not in step_chart({"steps": steps, "device": "cpu"})
     assert "H2D" in step_chart({"steps": steps, "device": "cuda:0"})
+
+
+def test_the_trial_charts_baseline_is_the_speedups_denominator(sample_tune):
+    """The dashed line read 182 (the baseline's short profile) beside a headline dividing by 179.1."""
+    from pipeline_opt.report.html import trial_chart
+
+    d = sample_tune.to_dict()
+    d = {**d, "baseline": {**d["baseline"], "throughput": 182.1}, "baseline_throughput": 179.1}
+    chart = trial_chart(d)
+    assert "baseline 179" in chart and "baseline 182" not in chart
