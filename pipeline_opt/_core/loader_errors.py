@@ -40,7 +40,12 @@ def with_loader_hint(exc: BaseException) -> BaseException | None:
     hint = loader_error_hint(exc)
     if not hint or hint in str(exc):
         return None
-    message = f"{str(exc).rstrip('. ')}. Fix: {hint}."
+    return with_message(exc, f"{str(exc).rstrip('. ')}. Fix: {hint}.")
+
+
+def with_message(exc: BaseException, message: str) -> BaseException | None:
+    """An exception of ``exc``'s type whose text is ``message``, or None when the type cannot be
+    rebuilt from a message alone."""
     try:
         new = type(exc)(message)
     except Exception:

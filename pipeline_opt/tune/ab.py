@@ -72,8 +72,7 @@ def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MI
         return Judgement(candidate > 0, 0.0, 0.0, "the incumbent measured no throughput")
     gain = candidate / incumbent - 1.0
     threshold = max(noise, min_gain, spread)
-    context = (f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured") + \
-        (f", window spread ±{_pct(spread, False)}" if spread > noise else "")
+    context = noise_text(noise) + (f", window spread ±{_pct(spread, False)}" if spread > noise else "")
     if gain > threshold:
         return Judgement(True, gain, threshold, f"{_pct(gain)} faster ({context})")
     if gain < -threshold:
@@ -81,11 +80,9 @@ def judge(candidate: float, incumbent: float, noise: float, min_gain: float = MI
     if threshold == noise and noise > 0:
         inside = f"inside the measured noise ±{_pct(noise, False)}"
     elif threshold == spread and spread > 0:
-        noise_said = f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured"
-        inside = f"inside the trials' own window spread ±{_pct(spread, False)} ({noise_said})"
+        inside = f"inside the trials' own window spread ±{_pct(spread, False)} ({noise_text(noise)})"
     else:
-        noise_said = f"noise ±{_pct(noise, False)}" if noise > 0 else "noise not measured"
-        inside = f"inside the {_pct(min_gain, False)} minimum gain ({noise_said})"
+        inside = f"inside the {_pct(min_gain, False)} minimum gain ({noise_text(noise)})"
     return Judgement(False, gain, threshold, f"{_pct(gain)} is {inside}")
 
 

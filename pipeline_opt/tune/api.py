@@ -42,10 +42,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from pipeline_opt._core.loader_errors import with_message
 from pipeline_opt._core.log import get_logger
 from pipeline_opt._core.progress import progress_bar
 from pipeline_opt._core.step import CheckedStep, ModelStateGuard, resolve_device
-from pipeline_opt.loading.random_plan import RandomGpuPlan
 from pipeline_opt.profile import api as profile_api
 from pipeline_opt.profile.report import ProfileReport
 from pipeline_opt.tune import timing
@@ -53,7 +53,7 @@ from pipeline_opt.tune.ab import MIN_GAIN
 from pipeline_opt.tune.budget import probe_batch, probe_budget
 from pipeline_opt.tune.build import CandidateBuilder
 from pipeline_opt.tune.candidates import LoaderConfig, persistent_for_short_epochs, stale_dataset_hazard
-from pipeline_opt.tune.exactness import REPLAY_NAME, changes_in, exactness_of
+from pipeline_opt.tune.exactness import changes_in, exactness_of
 from pipeline_opt.tune.first_guess import (
     PROFILE_WARMUP,
     combined_guess,
@@ -66,6 +66,7 @@ from pipeline_opt.tune.first_guess import (
 from pipeline_opt.tune.result import Trial, TuneResult, trial_spread
 from pipeline_opt.tune.search import BaselineFailed, Search
 from pipeline_opt.tune.steps import (
+    gpu_decode_name,
     gpu_decode_workers,
     retry_with_persistent_workers,
     tune_dataset_changes,
@@ -257,7 +258,8 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
     plan = runner.plan(guess, budget_s=req.budget_s, spent_s=time.monotonic() - req.t_start, reserve_s=reserve,
                        noise=search.noise)  # before any trial: warn at once when the budget holds none
     (log.warning if plan.warning else log.info)("autotune: %s", plan.warning or plan.text)
-    why = f"Little's law first guess ({guess_reason(baseline_report, probe, budget, measured)})"
+    reason = guess_reason(baseline_report, probe, budget, measured)
+    why = f"Little's law first guess ({reason})"
     if levers:
         why += f", with {' and '.join(levers)} since the workers are capped and each cuts per-sample CPU"
     gpu_guess = gpu_decode_guess(baseline_cfg.with_(num_workers=guess_n), baseline_report, probe, budget, measured,
@@ -272,10 +274,9 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
             gpu_guess = persistent_for_short_epochs(gpu_guess, budget.batches_per_epoch)[0]
     if gpu_guess is not None:
         # the workers are capped on a data-bound loader: the GPU decode first, then (if it lost) the CPU guess
-        what = REPLAY_NAME if isinstance(changes.nvjpeg, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
-        search.calibrate(gpu_guess, f"{what}, in a background thread, with {gpu_guess.num_workers} workers, as the "
-                                    f"first guess (Little's law: {guess_reason(baseline_report, probe, budget, measured)}"
-                                    "; the step waits on data, and more workers cannot feed it)")
+        search.calibrate(gpu_guess, f"{gpu_decode_name(changes.nvjpeg)}, in a background thread, with "
+                                    f"{gpu_guess.num_workers} workers, as the first guess (Little's law: {reason}; "
+                                    "the step waits on data, and more workers cannot feed it)")
         if search.incumbent == gpu_guess:
             search.tune_workers("num_workers after GPU decoding")
         else:
@@ -360,10 +361,4 @@ def _profile(req: TuneRequest, loader: Any, what: str, steps: int = PROFILE_STEP
 def _annotated(exc: BaseException, context: str) -> BaseException:
     """An exception of the same type (when it can be rebuilt from a message) naming ``context``."""
     message = f"{context}: {exc}"
-    try:
-        new = type(exc)(message)
-        if str(new) == message:
-            return new
-    except Exception:
-        pass
-    return RuntimeError(f"{message} ({type(exc).__name__})")
+    return with_message(exc, message) or RuntimeError(f"{message} ({type(exc).__name__})")

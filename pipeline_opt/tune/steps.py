@@ -31,6 +31,11 @@ def retry_with_persistent_workers(search: Search, guess: LoaderConfig) -> None:
         search.tune_workers("num_workers with persistent workers")
 
 
+def gpu_decode_name(plan) -> str:
+    """What the GPU-decode candidate of ``plan`` does, for its trial's reason."""
+    return REPLAY_NAME if isinstance(plan, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
+
+
 def tune_gpu_decode(search: Search, plan, why_not: str) -> None:
     """Decode the JPEGs on the GPU (nvJPEG, or the random-augmentation replay ``plan``) in a background
     thread with few workers (unless that was measured already, as the first guess); then, if that
@@ -39,7 +44,7 @@ def tune_gpu_decode(search: Search, plan, why_not: str) -> None:
         search.skip("nvjpeg decode", why_not)
         return
     inc = search.incumbent
-    what = REPLAY_NAME if isinstance(plan, RandomGpuPlan) else "JPEG decoding on the GPU (nvJPEG)"
+    what = gpu_decode_name(plan)
     # torchvision's nvJPEG call returns only once the batch is decoded: from the training loop it
     # waits between two steps; from a thread of its own it runs while the step does, which won
     # beyond the noise at every worker count of the committed classification grids, so the
