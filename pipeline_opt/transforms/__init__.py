@@ -21,6 +21,7 @@
 import sys
 import warnings
 
+from pipeline_opt.transforms import timm_recipe  # noqa: F401  (registers timm's classes by path; no timm import)
 from pipeline_opt.transforms.gpu import CenterCrop, ConvertDtype, Normalize, Resize, ToFloat
 from pipeline_opt.transforms.jpeg_batch import PackedJpegs, packed_jpeg_collate
 from pipeline_opt.transforms.replay import (

@@ -31,8 +31,8 @@ from PIL import Image, ImageOps
 from pipeline_opt.transforms import replay_kernels as RK
 from pipeline_opt.transforms.policy_draws import OPS
 
-__all__ = ["GEOMETRIC_OPS", "apply_op", "autocontrast", "equalize", "inverse_affine", "posterize", "sharpness",
-           "solarize", "warp"]
+__all__ = ["GEOMETRIC_OPS", "apply_op", "apply_timm_op", "autocontrast", "equalize", "inverse_affine", "posterize", "sharpness",
+           "solarize", "solarize_add", "warp"]
 
 GEOMETRIC_OPS = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
 _FIX = 65536.0
@@ -324,3 +324,52 @@ def apply_op(op: str, x: torch.Tensor, magnitudes: Sequence[float], flavour: str
     if op == "Equalize":
         return equalize(x, flavour)
     return 255.0 - x  # Invert
+
+
+def _timm_matrix(op: str, value: float, h: int, w: int) -> list[float] | int:
+    """The ``Image.transform(AFFINE)`` data timm passes for ``op`` (its Rotate is ``Image.rotate``)."""
+    if op == "Rotate":
+        return _pil_rotation(value, h, w)
+    if op == "ShearX":
+        return [1.0, value, 0.0, 0.0, 1.0, 0.0]
+    if op == "ShearY":
+        return [1.0, 0.0, 0.0, value, 1.0, 0.0]
+    if op == "TranslateX":
+        return [1.0, 0.0, value, 0.0, 1.0, 0.0]
+    return [1.0, 0.0, 0.0, 0.0, 1.0, value]  # TranslateY
+
+
+def solarize_add(x: torch.Tensor, add: torch.Tensor, threshold: float = 128.0) -> torch.Tensor:
+    """timm's ``solarize_add``: levels below ``threshold`` get ``add`` (capped at 255)."""
+    return torch.where(x < threshold, (x + add).clamp(max=255.0), x)
+
+
+def apply_timm_op(op: str, x: torch.Tensor, values: Sequence[float], interpolation: str,
+                  fill: Sequence[float] | None) -> torch.Tensor:
+    """timm's auto-augment op ``op`` (a name of :data:`~pipeline_opt.transforms.timm_draws.TIMM_OPS`) on PIL-flavour
+    levels, sample ``i`` with the argument timm passed to Pillow (``values[i]``): Pillow's arithmetic as above."""
+    if op in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY"):
+        h, w = x.shape[-2:]
+        return warp(x, [_timm_matrix(op, v, h, w) for v in values], "pil", interpolation, fill)
+    factors = torch.tensor(list(values), dtype=torch.float64)
+    if op == "Brightness":
+        return RK.adjust_brightness(x, factors, "pil")
+    if op == "Color":
+        return RK.adjust_saturation(x, factors, "pil")
+    if op == "Contrast":
+        return RK.adjust_contrast(x, factors, "pil")
+    if op == "Sharpness":
+        return sharpness(x, factors.to(x.device).view(-1, 1, 1, 1), "pil")
+    if op == "Posterize":  # timm returns the image unchanged for 8 bits or more
+        return posterize(x, _per_sample([min(8.0, float(int(v))) for v in values], x))
+    if op == "Solarize":
+        return solarize(x, _per_sample(values, x))
+    if op == "SolarizeAdd":
+        return solarize_add(x, _per_sample(values, x))
+    if op == "AutoContrast":
+        return autocontrast(x, "pil")
+    if op == "Equalize":
+        return equalize(x, "pil")
+    if op == "Invert":
+        return 255.0 - x
+    raise ValueError(f"op={op!r} is not a timm op replayed here")

@@ -39,8 +39,17 @@ except ImportError as e:  # pragma: no cover - exercised by the no-kornia test t
         "pip install 'pipeline-opt[gpu]' (or pip install 'kornia>=0.9')") from e
 
 from pipeline_opt._core.log import get_logger
+from pipeline_opt.transforms import timm_ops  # noqa: F401  (registers timm's device modules)
 from pipeline_opt.transforms.jpeg_batch import decode_jpegs, unpack_jpegs
-from pipeline_opt.transforms.replay import GEOMETRIC, ReplayBatch, ReplaySampler, ReplayStep, recognise
+from pipeline_opt.transforms.replay import (
+    GEOMETRIC,
+    ReplayBatch,
+    ReplaySampler,
+    ReplayStep,
+    draws_patches,
+    patch_shapes,
+    recognise,
+)
 from pipeline_opt.transforms.replay_ops import (
     ReplayAugment,
     ReplayAutoAugment,
@@ -104,7 +113,7 @@ class RandomGpuPipeline(torch.nn.Module):
                         if batch else None)
         self.then = then
         self.out_uint8 = not any(s.kind == "to_float" for s in steps)
-        self._erase_random = [s for s in steps if s.kind == "erase" and s.options["value"] is None]
+        self._with_patches = [s for s in steps if draws_patches(s)]
 
     @classmethod
     def from_compose(cls, compose: Any, device: torch.device | str | None = None,
@@ -125,20 +134,19 @@ class RandomGpuPipeline(torch.nn.Module):
 
     def _split_patches(self, params: torch.Tensor, patches: torch.Tensor,
                        patch_sizes: torch.Tensor) -> dict[int, list[list[torch.Tensor]]]:
-        """Per random-value erase step: per sample, the list with its drawn patch (or empty)."""
-        if not self._erase_random:
+        """Per step that ships drawn values (random erase): per sample, the list of its patches."""
+        if not self._with_patches:
             return {}
-        out = {id(s): [[] for _ in range(params.shape[0])] for s in self._erase_random}
+        out = {id(s): [[] for _ in range(params.shape[0])] for s in self._with_patches}
         flat = patches.to(self.device, non_blocking=True) if patches.numel() else patches
         starts = torch.cumsum(patch_sizes, 0) - patch_sizes
         for b, start in enumerate(starts.tolist()):
-            for s in self._erase_random:
-                flag, _, _, eh, ew = params[b, s.offset:s.offset + 5].tolist()
-                if flag < 0.5:
-                    continue
-                n = 3 * int(eh) * int(ew)
-                out[id(s)][b].append(flat[start:start + n].view(3, int(eh), int(ew)))
-                start += n
+            row = params[b].tolist()
+            for s in self.steps:  # the sampler appended them in step order
+                for shape in patch_shapes(s, row):
+                    n = shape[0] * shape[1] * shape[2]
+                    out[id(s)][b].append(flat[start:start + n].view(shape))
+                    start += n
         return out
 
     def param_items(self, params: torch.Tensor, shape: Sequence[int],

@@ -13,6 +13,9 @@ names only, so :func:`infos_named` answers by name. torchvision's v1 and v2 clas
 own are registered below; an integration registers its framework's classes with :func:`register`
 (name-only entries, ``classes=()``, are found by name alone).
 
+An optional framework's classes are registered by ``"module.QualName"`` (``class_paths``), so the
+framework is never imported for it: timm's recipe is :mod:`~pipeline_opt.transforms.timm_recipe`.
+
 Adding a transform: one :func:`register` call (or one line of :data:`_ENTRIES`) and its test.
 """
 
@@ -45,6 +48,7 @@ DEVICE_HINTS = {
 }
 
 _BY_CLASS: dict[type, TransformInfo] = {}
+_BY_PATH: dict[str, TransformInfo] = {}
 _BY_NAME: dict[str, list[TransformInfo]] = {}
 
 
@@ -54,8 +58,13 @@ def register(info: TransformInfo) -> TransformInfo:
         if cls in _BY_CLASS:
             raise ValueError(f"{cls.__module__}.{cls.__qualname__} is registered already "
                              f"(as {_BY_CLASS[cls].name} from {_BY_CLASS[cls].origin})")
+    for path in info.class_paths:
+        if path in _BY_PATH:
+            raise ValueError(f"{path} is registered already (as {_BY_PATH[path].name} from {_BY_PATH[path].origin})")
     for cls in info.classes:
         _BY_CLASS[cls] = info
+    for path in info.class_paths:
+        _BY_PATH[path] = info
     named = _BY_NAME.setdefault(info.name, [])
     if info not in named:
         named.append(info)
@@ -64,7 +73,9 @@ def register(info: TransformInfo) -> TransformInfo:
 
 def info_of(transform: Any) -> TransformInfo | None:
     """The entry of ``transform``'s exact class, or None (unknown: it stays where it is)."""
-    return _BY_CLASS.get(type(transform))
+    cls = type(transform)
+    found = _BY_CLASS.get(cls)
+    return found if found is not None else _BY_PATH.get(f"{cls.__module__}.{cls.__qualname__}")
 
 
 def infos_named(name: str, origin: str | None = None) -> tuple[TransformInfo, ...]:
@@ -172,11 +183,11 @@ def _dtype_of(t: Any) -> Any:
 
 # ----------------------------------------------------------------------- batch modules (split_transforms)
 
-def _batch_to_tensor(t: Any, domain: str) -> Any:
+def batch_to_tensor(t: Any, domain: str) -> Any:
     return gpu.ToFloat() if domain == "pil" else None
 
 
-def _batch_to_uint8(t: Any, domain: str) -> Any:
+def batch_to_uint8(t: Any, domain: str) -> Any:
     return BOUNDARY if domain in ("pil", "uint8") else None
 
 
@@ -216,11 +227,11 @@ def _batch_center_crop(t: Any, domain: str) -> Any:
 
 # ------------------------------------------------------------------------------ replay specs (replay)
 
-def _replay_resized_crop(t: Any, domain: str) -> ReplaySpec:
+def replay_resized_crop(t: Any, domain: str) -> ReplaySpec:
     if not is_bilinear(t):
         raise UnsupportedTransform(f"{type(t).__name__}(interpolation={t.interpolation}) is not replayed: only "
                                    "bilinear resizing is reproduced on the GPU (Pillow's bicubic differs from torch's)")
-    antialias = True if domain == "pil" else bool(t.antialias)
+    antialias = True if domain == "pil" else bool(getattr(t, "antialias", True))
     return ReplaySpec("resized_crop", {"size": pair(t.size), "antialias": antialias}, domain)
 
 
@@ -266,13 +277,13 @@ def _replay_grayscale(t: Any, domain: str) -> ReplaySpec:
     return ReplaySpec("grayscale", {}, domain)
 
 
-def _replay_to_uint8(t: Any, domain: str) -> ReplaySpec:
+def replay_to_uint8(t: Any, domain: str) -> ReplaySpec:
     if domain == "float":
         raise UnsupportedTransform(f"{type(t).__name__} after a float conversion is not replayed")
     return ReplaySpec("to_uint8", {}, "uint8")
 
 
-def _replay_to_tensor(t: Any, domain: str) -> ReplaySpec:
+def replay_to_tensor(t: Any, domain: str) -> ReplaySpec:
     if domain == "float":
         raise UnsupportedTransform(f"{type(t).__name__} on a float tensor is not replayed")
     return ReplaySpec("to_float", {"module": gpu.ToFloat()}, "float")
@@ -368,13 +379,13 @@ def _own(cls: type, op: str, cost: str, **kw: Any) -> TransformInfo:
 
 _ENTRIES: tuple[TransformInfo, ...] = (
     # conversions
-    _tv("ToTensor", "to_tensor", "convert", device="batch", exactness="bitwise", to_device=_batch_to_tensor,
-        replay=_replay_to_tensor),
-    _tv("PILToTensor", "to_uint8", "convert", device="batch", exactness="bitwise", to_device=_batch_to_uint8,
-        replay=_replay_to_uint8),
-    _tv("ToImage", "to_uint8", "convert", v1=False, device="batch", exactness="bitwise", to_device=_batch_to_uint8,
-        replay=_replay_to_uint8),
-    _tv("ToPureTensor", "to_pure_tensor", "convert", v1=False, to_device=_batch_to_uint8),
+    _tv("ToTensor", "to_tensor", "convert", device="batch", exactness="bitwise", to_device=batch_to_tensor,
+        replay=replay_to_tensor),
+    _tv("PILToTensor", "to_uint8", "convert", device="batch", exactness="bitwise", to_device=batch_to_uint8,
+        replay=replay_to_uint8),
+    _tv("ToImage", "to_uint8", "convert", v1=False, device="batch", exactness="bitwise", to_device=batch_to_uint8,
+        replay=replay_to_uint8),
+    _tv("ToPureTensor", "to_pure_tensor", "convert", v1=False, to_device=batch_to_uint8),
     _tv("ConvertImageDtype", "convert_dtype", "convert", v2=False, device="batch", exactness="bitwise",
         to_device=_batch_convert_v1, replay=_replay_convert(gpu.ToFloat)),
     _tv("ConvertImageDtype", "convert_dtype", "convert", v1=False, device="batch", exactness="bitwise",
@@ -392,7 +403,7 @@ _ENTRIES: tuple[TransformInfo, ...] = (
     _tv("Grayscale", "grayscale", "colour", device="replay", replay=_replay_grayscale),
     # random augmentations replayed with the same draws
     _tv("RandomResizedCrop", "resized_crop", "resize", random=True, size="fixed", device="replay",
-        replay=_replay_resized_crop),
+        replay=replay_resized_crop),
     _tv("RandomCrop", "crop", "crop", random=True, size="fixed", device="replay", replay=_replay_crop),
     _tv("RandomHorizontalFlip", "hflip", "flip", random=True, device="replay", replay=_replay_flip("hflip")),
     _tv("RandomVerticalFlip", "vflip", "flip", random=True, device="replay", replay=_replay_flip("vflip")),

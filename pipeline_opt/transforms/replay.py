@@ -42,11 +42,13 @@ from pipeline_opt.transforms import gpu, registry
 from pipeline_opt.transforms.jpeg_batch import packed_jpeg_collate
 from pipeline_opt.transforms.jpeg_header import read_jpeg_header
 from pipeline_opt.transforms.policy_draws import draw_augmix, draw_policy
+from pipeline_opt.transforms.timm_draws import draw_timm_erase, draw_timm_policy
 from pipeline_opt.transforms.transform_info import ReplaySpec, UnsupportedTransform
 
 __all__ = [
     "ReplayBatch", "ReplayDataset", "ReplayParams", "ReplaySampler", "ReplayStep",
-    "UnsupportedTransform", "recognise", "replay_collate", "sample_step", "size_after", "step_of",
+    "UnsupportedTransform", "draws_patches", "patch_shapes", "recognise", "replay_collate", "sample_step",
+    "size_after", "step_of",
 ]
 
 log = get_logger("transforms.replay")
@@ -71,7 +73,7 @@ class ReplayStep:
 
     kind: str
     name: str
-    api: str  # "v1" or "v2"
+    api: str  # "v1" or "v2" (torchvision), or another framework's name ("timm")
     flavour: str
     transform: Any
     offset: int = 0
@@ -104,7 +106,11 @@ class ReplayBatch(NamedTuple):
 # ------------------------------------------------------------------------------------ recognition
 
 def _api(t: Any) -> str:
-    return "v2" if isinstance(t, T2.Transform) else "v1"
+    """``v1`` / ``v2`` for torchvision's classes, the framework for another's (timm's v1-style ones)."""
+    if isinstance(t, T2.Transform):
+        return "v2"
+    info = registry.info_of(t)
+    return info.origin if info is not None and info.origin not in ("torchvision", "pipeline_opt") else "v1"
 
 
 def _v1_padding(padding: Any) -> tuple[int, int, int, int]:
@@ -125,7 +131,8 @@ def _v1_padding(padding: Any) -> tuple[int, int, int, int]:
 
 
 def _replayed_names() -> str:
-    names = sorted({i.name for i in registry.registered() if i.replay is not None and i.origin == "torchvision"})
+    names = sorted({i.name if i.origin == "torchvision" else f"{i.origin}'s {i.name}" for i in registry.registered()
+                    if i.replay is not None and i.origin != "pipeline_opt"})
     return ", ".join(names)
 
 
@@ -269,7 +276,7 @@ def step_of(transform: Any, flavour: str = "float") -> ReplayStep:
 
 def _sample_resized_crop(step: ReplayStep, c: int, h: int, w: int, patches: list) -> list[float]:
     t = step.transform
-    if step.api == "v1":
+    if step.api != "v2":  # v1, and timm's RandomResizedCropAndInterpolation (the same get_params arguments)
         top, left, bh, bw = t.get_params(_shape_only(c, h, w), t.scale, t.ratio)
     else:
         p = _make_params(t, [_shape_only(c, h, w)])
@@ -349,7 +356,27 @@ _SAMPLERS: dict[str, Callable[..., list[float]]] = {
     "color_jitter": _sample_color_jitter, "random_grayscale": _sample_random_grayscale, "erase": _sample_erase,
     "auto_augment": _sample_auto_augment,
     "augmix": lambda step, c, h, w, patches: draw_augmix(step.transform, h, w),
+    "timm_augment": lambda step, c, h, w, patches: draw_timm_policy(step.transform, h, w),
+    "timm_erase": lambda step, c, h, w, patches: draw_timm_erase(step.transform, c, h, w, patches),
 }
+
+
+def patch_shapes(step: ReplayStep, row: Sequence[float]) -> list[tuple[int, int, int]]:
+    """The ``(C, h, w)`` of each erase patch ``step`` drew for one sample (``row``: that sample's whole
+    parameter row), in the order the sampler appended them; empty for steps that draw no pixel values."""
+    o, r = step.options, row[step.offset:step.offset + step.width]
+    if step.kind == "erase" and o["value"] is None and float(r[0]) > 0.5:
+        return [(3, int(r[3]), int(r[4]))]
+    if step.kind == "timm_erase" and o["mode"] != "const":
+        boxes = [r[1 + 4 * i:5 + 4 * i] for i in range(int(r[0]))]
+        return [(3, int(h), int(w)) if o["mode"] == "pixel" else (3, 1, 1) for _, _, h, w in boxes]
+    return []
+
+
+def draws_patches(step: ReplayStep) -> bool:
+    """Whether ``step`` ships drawn pixel values (random erase patches) besides its row."""
+    return (step.kind == "erase" and step.options["value"] is None) or (
+        step.kind == "timm_erase" and step.options["mode"] != "const")
 
 
 # ---------------------------------------------------------------------------------- dataset, collate

@@ -45,7 +45,7 @@ from pipeline_opt.transforms.replay import ReplayStep, sample_step, step_of
 __all__ = [
     "ReplayAugMix", "ReplayAugment", "ReplayCenterCrop", "ReplayColorJitter", "ReplayCrop", "ReplayErasing", "ReplayGrayscale",
     "ReplayHorizontalFlip", "ReplayAutoAugment", "ReplayResize", "ReplayResizedCrop", "ReplayVerticalFlip",
-    "replay_module",
+    "apply_slot", "register_replay_module", "replay_module",
 ]
 
 
@@ -380,29 +380,33 @@ class ReplayAutoAugment(ReplayAugment, IntensityAugmentationBase2D):
     def apply_transform(self, input: torch.Tensor, params: dict, flags: dict,
                         transform: torch.Tensor | None = None) -> torch.Tensor:
         codes, magnitudes = params["codes"].cpu(), params["magnitudes"].cpu()
-        x = input
+        x, apply = input, _policy_op(self.flavour, self.step.options)
         for slot in range(self.slots):
-            x = _apply_slot(x, codes[:, slot], magnitudes[:, slot], self.flavour, self.step.options)
+            x = apply_slot(x, codes[:, slot], magnitudes[:, slot], apply)
         return x
 
 
-def _apply_slot(x: torch.Tensor, codes: torch.Tensor, magnitudes: torch.Tensor, flavour: str,
-                options: dict[str, Any]) -> torch.Tensor:
-    """One operation slot: the samples that drew one op get it together, each with its magnitude."""
+def apply_slot(x: torch.Tensor, codes: torch.Tensor, magnitudes: torch.Tensor,
+               apply: Callable[[int, torch.Tensor, list[float]], torch.Tensor]) -> torch.Tensor:
+    """One operation slot: the samples that drew op ``code`` get ``apply(code, their images, their
+    magnitudes)`` together (codes < 0: no op); the grouping reads host tensors, so nothing syncs."""
     for code in sorted(set(codes.tolist())):
         if code < 0:
             continue
         index = (codes == code).nonzero().view(-1)
         mags = magnitudes[index].tolist()
-        op = POLICY_OPS[code]
         if index.numel() == x.shape[0]:
-            x = apply_policy_op(op, x, mags, flavour, options["interpolation"], options["fill"])
+            x = apply(code, x, mags)
             continue
         dev_index = index.to(x.device, non_blocking=True)
-        part = apply_policy_op(op, x.index_select(0, dev_index), mags, flavour, options["interpolation"],
-                               options["fill"])
-        x = x.index_copy(0, dev_index, part)
+        x = x.index_copy(0, dev_index, apply(code, x.index_select(0, dev_index), mags))
     return x
+
+
+def _policy_op(flavour: str, options: dict[str, Any]) -> Callable[[int, torch.Tensor, list[float]], torch.Tensor]:
+    def apply(code: int, x: torch.Tensor, mags: list[float]) -> torch.Tensor:
+        return apply_policy_op(POLICY_OPS[code], x, mags, flavour, options["interpolation"], options["fill"])
+    return apply
 
 
 class ReplayAugMix(ReplayAugment, IntensityAugmentationBase2D):
@@ -431,11 +435,11 @@ class ReplayAugMix(ReplayAugment, IntensityAugmentationBase2D):
                         transform: torch.Tensor | None = None) -> torch.Tensor:
         codes, magnitudes = params["codes"].cpu(), params["magnitudes"].cpu()
         weights = params["weights"].to(input.device, non_blocking=True).view(input.shape[0], -1, 1, 1, 1)
-        mix = weights[:, 0] * input
+        mix, apply = weights[:, 0] * input, _policy_op("uint8", self.step.options)
         for chain in range(self.chains):
             aug = input
             for slot in range(self.depth):
-                aug = _apply_slot(aug, codes[:, chain, slot], magnitudes[:, chain, slot], "uint8", self.step.options)
+                aug = apply_slot(aug, codes[:, chain, slot], magnitudes[:, chain, slot], apply)
             mix.add_(weights[:, 1 + chain] * aug)
         return mix.trunc_()
 
@@ -471,6 +475,13 @@ _CLASSES: dict[str, Callable[[ReplayStep], torch.nn.Module]] = {
     "grayscale": ReplayGrayscale, "random_grayscale": ReplayGrayscale, "erase": ReplayErasing,
     "auto_augment": ReplayAutoAugment, "augmix": ReplayAugMix, "to_float": _Plain, "normalize": _Plain,
 }
+
+
+def register_replay_module(kind: str, cls: Callable[[ReplayStep], torch.nn.Module]) -> None:
+    """Add the device module of replay ``kind`` (a framework's own steps: :mod:`~.timm_ops`); each kind once."""
+    if kind in _CLASSES:
+        raise ValueError(f"replay kind {kind!r} has a device module already ({_CLASSES[kind].__name__})")
+    _CLASSES[kind] = cls
 
 
 def replay_module(step: ReplayStep) -> torch.nn.Module | None:

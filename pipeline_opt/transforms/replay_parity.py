@@ -19,6 +19,7 @@ images times 255, normalised images times ``255 * std``. This is the "measured-e
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -33,7 +34,7 @@ from pipeline_opt._core.grid import grid
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.datasets import make_image_folder
 from pipeline_opt.transforms.jpeg_batch import decode_jpegs
-from pipeline_opt.transforms.replay import ReplayDataset, replay_collate
+from pipeline_opt.transforms.replay import ReplayDataset, patch_shapes, replay_collate
 
 __all__ = ["ReplayParity", "StepError", "main", "measure_replay_error", "standard_pipelines"]
 
@@ -60,7 +61,7 @@ class ReplayParity:
     images: int
     seed: int
     decoder: str
-    same_draws: bool  # the torch RNG ended in the same state after the CPU pipeline and the replay
+    same_draws: bool  # the torch, Python and numpy RNGs ended in the same states after the CPU pipeline and the replay
     decode_mean: float  # device decode vs Pillow's decode, before any transform
     decode_max: float
     steps: tuple[StepError, ...]
@@ -117,7 +118,8 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     """Compare the replay with ``dataset``'s own CPU pipeline on ``n`` of its images (see module doc).
 
     ``dataset`` is an ImageFolder-like dataset of JPEG files (``.samples``, ``.transform``, the
-    default loader). The torch RNG state is saved and restored around the measurement.
+    default loader). The torch, Python ``random`` and numpy RNG states are saved and restored around
+    the measurement.
     """
     replay = ReplayDataset.from_image_folder(dataset)
     compose = dataset.transform
@@ -128,24 +130,25 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     modules = [transforms_package.replay_module(s) for s in steps]  # Kornia loads here
     pipeline = transforms_package.RandomGpuPipeline(replay.sampler, device=device)
     device = pipeline.device
-    saved = torch.get_rng_state()
+    saved = _rng_states()
     try:
-        torch.manual_seed(seed)
+        _seed_all(seed)
         cpu_runs = []
         for i in picked:
             path = replay.samples[i][0]
             with open(path, "rb") as f:
                 img = Image.open(f).convert("RGB")
             trail = [img]
-            for t in compose.transforms:
-                trail.append(t(trail[-1]))
+            for t in compose.transforms:  # a copy in: timm's RandomErasing writes into its input
+                prev = trail[-1]
+                trail.append(t(prev.clone() if isinstance(prev, torch.Tensor) else prev))
             cpu_runs.append(trail)
-        cpu_state = torch.get_rng_state()
-        torch.manual_seed(seed)
+        cpu_states = _rng_states()
+        _seed_all(seed)
         items = [replay[i] for i in picked]
-        same_draws = torch.equal(cpu_state, torch.get_rng_state())
+        same_draws = _same_states(cpu_states, _rng_states())
     finally:
-        torch.set_rng_state(saved)
+        _restore(saved)
 
     decode = _Stats()
     isolated = [_Stats() for _ in steps]
@@ -157,9 +160,8 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
         patch_iter = iter(params.patches)
         scale = torch.ones(())  # levels per unit of the current representation
         for k, (step, module) in enumerate(zip(steps, modules)):
-            patches = None
-            if step.kind == "erase" and step.options["value"] is None:
-                patches = [[next(patch_iter).to(device)] if float(row[0, step.offset]) > 0.5 else []]
+            shapes = patch_shapes(step, row[0].tolist())
+            patches = [[next(patch_iter).to(device) for _ in shapes]] if shapes else None
             cpu_in = _as_tensor(trail[k]).to(device)
             outs = []
             for inp in (cpu_in, x):
@@ -193,6 +195,27 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     log.info("replay parity: same draws %s, end-to-end mean %.3f max %.3f levels", report.same_draws,
              report.end_to_end_mean, report.end_to_end_max)
     return report
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _rng_states() -> tuple[Any, Any, Any]:
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _same_states(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
+    return (torch.equal(a[0], b[0]) and a[1] == b[1] and a[2][0] == b[2][0]
+            and bool(np.array_equal(a[2][1], b[2][1])) and tuple(a[2][2:]) == tuple(b[2][2:]))
+
+
+def _restore(states: tuple[Any, Any, Any]) -> None:
+    torch.set_rng_state(states[0])
+    random.setstate(states[1])
+    np.random.set_state(states[2])
 
 
 # ------------------------------------------------------------------------------------------ report

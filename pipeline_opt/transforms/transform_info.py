@@ -56,6 +56,8 @@ class TransformInfo:
       :data:`BOUNDARY` for a uint8 conversion, None when it cannot move there.
     * ``replay(t, domain)``: its :class:`ReplaySpec`; raises :class:`UnsupportedTransform` naming why not.
     * ``hint``: how a user moves it to the GPU (the diagnosis's advice), where ``device`` is set.
+    * ``classes`` / ``class_paths``: the exact classes it describes, as objects or as
+      ``"module.QualName"`` (an optional framework's classes, matched without importing it).
     """
 
     name: str
@@ -70,6 +72,8 @@ class TransformInfo:
     replay: Callable[[Any, str], ReplaySpec] | None = None
     hint: str = ""
     classes: tuple[type, ...] = field(default=(), compare=False)
+    # classes named ``module.qualname`` instead, for a framework that is not imported to register them
+    class_paths: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.cost not in COSTS:

@@ -19,7 +19,7 @@ from pipeline_opt.transforms.registry import TransformInfo, UnsupportedTransform
 
 PACKAGE = pathlib.Path(pipeline_opt.__file__).parent
 # The modules that declare transform classes by name: the registry, and ultralytics' entries and adapter.
-REGISTRIES = {"transforms/registry.py", "integrations/ultralytics/_protocol.py",
+REGISTRIES = {"transforms/registry.py", "transforms/timm_recipe.py", "integrations/ultralytics/_protocol.py",
               "integrations/ultralytics/_internals.py"}
 
 
