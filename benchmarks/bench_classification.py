@@ -19,7 +19,10 @@ draft decoding does not apply to a random crop. With ``--pipeline tvref`` it is 
 training recipe (references/classification, ``ClassificationPresetTrain`` with ``--auto-augment ta_wide
 --random-erase 0.25``): RandomResizedCrop(224, bilinear), RandomHorizontalFlip, TrivialAugmentWide
 (bilinear), PILToTensor, ConvertImageDtype(float), Normalize, RandomErasing(0.25); its replay moves the
-policy's draws into the workers and its pixels to the device. The random pipelines' final pass also
+policy's draws into the workers and its pixels to the device. With ``--pipeline timm`` it is timm's
+recipe (``create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)``),
+and the final pass adds timm's own ``create_loader`` (its CUDA prefetcher: normalize and erasing on the
+GPU) at 4 workers and at every core. The random pipelines' final pass also
 measures the best coarse CPU point (``final: grid ... decode=pil``), the row "best CPU grid point" compares.
 A final interleaved pass (rounds of limit, default, the top grid points — rows ``final: grid ...`` —
 and autotune, alternating order) gives the medians the ratios are computed from.
@@ -132,7 +135,8 @@ class Trainer:
 # pipelines
 
 
-PIPELINES = ("eval", "train", "tvref")
+PIPELINES = ("eval", "train", "tvref", "timm")
+TIMM_RECIPE = {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25}  # timm's ImageNet training recipe
 
 
 def is_random(pipeline: str) -> bool:
@@ -142,7 +146,12 @@ def is_random(pipeline: str) -> bool:
 
 def cpu_compose(crop: int, pipeline: str = "eval") -> T.Compose:
     """The all-on-CPU pipeline of the default row (``"train"``: the random training one; ``"tvref"``:
-    torchvision's reference recipe with TrivialAugmentWide and RandomErasing)."""
+    torchvision's reference recipe with TrivialAugmentWide and RandomErasing; ``"timm"``: timm's
+    ``create_transform(is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)``)."""
+    if pipeline == "timm":
+        from timm.data import create_transform
+
+        return create_transform(crop, is_training=True, **TIMM_RECIPE)
     if pipeline == "tvref":
         bilinear = T.InterpolationMode.BILINEAR
         return T.Compose([T.RandomResizedCrop(crop, interpolation=bilinear, antialias=True),
@@ -174,6 +183,39 @@ def make_loader(dataset: Any, sizes: Sizes, workers: int, pin: bool, collate_fn:
     return DataLoader(dataset, batch_size=sizes.batch, sampler=sampler, num_workers=workers,
                       pin_memory=pin and torch.cuda.is_available(), drop_last=True, collate_fn=collate_fn,
                       prefetch_factor=2 if workers > 0 else None, persistent_workers=False)
+
+
+class LongEpoch(torch.utils.data.Dataset):
+    """``folder`` repeated ``times`` over (index modulo its length), its ``transform`` shared: timm's
+    ``create_loader`` shuffles without replacement, so one epoch of this outlasts the benchmark."""
+
+    def __init__(self, folder: Any, times: int) -> None:
+        self.folder, self.times = folder, int(times)
+
+    @property
+    def transform(self) -> Any:
+        return self.folder.transform
+
+    @transform.setter
+    def transform(self, value: Any) -> None:
+        self.folder.transform = value
+
+    def __len__(self) -> int:
+        return len(self.folder) * self.times
+
+    def __getitem__(self, index: int) -> Any:
+        return self.folder[index % len(self.folder)]
+
+
+def timm_loader(root: Path, sizes: Sizes, workers: int, device: torch.device) -> Any:
+    """timm's own training loader for its recipe: ``create_loader(..., use_prefetcher=True)`` (uint8 out of
+    the workers, normalize and random erasing on the GPU in its CUDA-stream prefetcher)."""
+    from timm.data import create_loader
+
+    dataset = LongEpoch(torchvision.datasets.ImageFolder(root), times=100_000 * sizes.batch // sizes.n_images + 1)
+    return create_loader(dataset, input_size=(3, sizes.crop, sizes.crop), batch_size=sizes.batch, is_training=True,
+                         use_prefetcher=device.type == "cuda", num_workers=workers, pin_memory=device.type == "cuda",
+                         device=device, **TIMM_RECIPE)
 
 
 def draft_folder(root: Path, transform: Any, crop: int) -> Any:
@@ -307,6 +349,11 @@ def run(args: Any) -> Path:
         p = by_name[r.name]
         finals.append(candidate_of(f"final: {r.name}", lambda p=p: build_source(root, sizes, p, device), trainer,
                                    asdict(p)))
+    if sizes.pipeline == "timm":  # timm's own loader at the default worker count and at every core
+        for nw in sorted({sizes.default_workers, cores}):
+            finals.append(candidate_of(f"timm create_loader nw={nw} (prefetcher)",
+                                       lambda nw=nw: timm_loader(root, sizes, nw, device), trainer,
+                                       {"workers": nw, "what": "timm.data.create_loader(use_prefetcher=True)"}))
     if tuned is not None:
         finals.append(candidate_of("autotune", lambda: tuned.loader, trainer, tune_info))
     final_deadline = H.Deadline(max(5.0, deadline.left()))
@@ -431,9 +478,15 @@ def summarize(rows: list[H.Row], final_rows: list[H.Row], coarse_ok: list[H.Row]
         "autotune >= 0.8x limit": _meets(out["autotune_vs_limit"], 0.8),
         "tuning <= 90 s": None if out["autotune_tuning_time_s"] is None else out["autotune_tuning_time_s"] <= 90.0,
     }
-    if pipeline == "tvref":  # the recipe's own targets: half the limit, 1.5x the CPU path's best
+    if pipeline in ("tvref", "timm"):  # the recipes' own targets: half the limit, 1.5x the CPU path's best
         out["targets"].update({"autotune >= 0.5x limit": _meets(out["autotune_vs_limit"], 0.5),
                                "autotune >= 1.5x best CPU grid point": _meets(out["autotune_vs_cpu_grid_best"], 1.5)})
+    timm_rows = [r for r in final_rows if r.name.startswith("timm create_loader") and r.status == "ok"]
+    timm_best = max(timm_rows, key=lambda r: r.median, default=None)
+    if pipeline == "timm":
+        out["timm_loader_best"] = None if timm_best is None else timm_best.name
+        out["autotune_vs_timm_loader_best"] = H.ratio(auto, timm_best)
+        out["targets"]["autotune >= 1.5x timm's loader"] = _meets(out["autotune_vs_timm_loader_best"], 1.5)
     return out
 
 
@@ -462,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = H.common_parser(__doc__.splitlines()[0])
     parser.add_argument("--pipeline", choices=PIPELINES, default=None,
                         help="eval: Resize/ToTensor/Normalize (default); train: RandomResizedCrop/flip/ToTensor/"
-                             "Normalize; tvref: torchvision's reference recipe (TrivialAugmentWide, RandomErasing)")
+                             "Normalize; tvref: torchvision's reference recipe (TrivialAugmentWide, RandomErasing); "
+                             "timm: timm's recipe (rand-m9-mstd0.5-inc1, RandomErasing 0.25) and its create_loader")
     parser.add_argument("--grid-points", type=int, default=None,
                         help="measure only the first N grid points (likely-fast first), for a short re-run")
     args = parser.parse_args(argv)
