@@ -34,6 +34,7 @@ from pipeline_opt import transforms
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.loading.dataloader import clone_loader
 from pipeline_opt.loading.device_loader import DeviceLoader
+from pipeline_opt.transforms.batch_mix import BatchMix, ReplayCollate, find_batch_mix
 from pipeline_opt.transforms.jpeg_header import jpeg_folder_problem, read_jpeg_header
 from pipeline_opt.transforms.replay import (
     ReplayDataset,
@@ -74,10 +75,13 @@ class RandomGpuPlan:
     moved: tuple[str, ...]  # the transforms the device replays, in order
     exactness: str = "decode"  # same draws: the pixels differ by the decoder and the resampling rounding only
     tolerance: Tolerance = field(default_factory=Tolerance)
+    batch_mix: BatchMix | None = None  # the loader's collate_fn mixed batches (MixUp / CutMix): replayed too
 
     @property
     def collate_fn(self) -> Any:
-        return replay_collate
+        if self.batch_mix is None:
+            return replay_collate
+        return ReplayCollate(self.batch_mix, replay_collate, self.sampler().output_size(512, 512))
 
     def sampler(self) -> ReplaySampler:
         return ReplaySampler.from_compose(self.transform)
@@ -88,7 +92,8 @@ class RandomGpuPlan:
 
     def gpu_stage(self, device: torch.device | str | None = None, then: Any = None) -> Any:
         """The :class:`~pipeline_opt.transforms.random_gpu.RandomGpuPipeline` for ``DeviceLoader(batch_transform=...)``."""
-        return transforms.RandomGpuPipeline(self.sampler(), device=device, then=then)  # Kornia loads here
+        return transforms.RandomGpuPipeline(self.sampler(), device=device, then=then,  # Kornia loads here
+                                            batch_mix=self.batch_mix is not None)
 
     def build(self, loader: Any, device: torch.device | str, overrides: dict[str, Any] | None = None, *,
               prepare_in_thread: bool = True) -> Any:
@@ -97,7 +102,7 @@ class RandomGpuPlan:
         default) decodes and replays in a background thread while the step runs
         (``DeviceLoader(prepare_in_thread=True)``); ``False`` does it in the training loop."""
         stage = self.gpu_stage(device)
-        clone = clone_loader(loader, dataset=self.dataset(), collate_fn=replay_collate, **(overrides or {}))
+        clone = clone_loader(loader, dataset=self.dataset(), collate_fn=self.collate_fn, **(overrides or {}))
         return DeviceLoader(clone, device=stage.device, batch_transform=stage, prepare_in_thread=prepare_in_thread)
 
     def measure_error(self, device: torch.device | str = "cpu", n: int = 16, seed: int = 0) -> Any:
@@ -119,8 +124,10 @@ class RandomGpuPlan:
         return True, ""
 
     def describe(self) -> list[str]:
-        return [f"{len(self.samples)} JPEG files; GPU replays {', '.join(self.moved)}",
-                "exactness: same draws; pixels differ by the decoder and the resize rounding only"]
+        mixed = "" if self.batch_mix is None else f", then the collate_fn's {type(self.batch_mix.transform).__name__}"
+        return [f"{len(self.samples)} JPEG files; GPU replays {', '.join(self.moved)}{mixed}",
+                "exactness: same draws; pixels differ by the decoder and the resize rounding only"
+                + ("" if self.batch_mix is None else " (the batch mix itself is the original's arithmetic)")]
 
 
 def _dataset_of(obj: Any) -> tuple[Any, Any]:
@@ -137,7 +144,8 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
     Applies to an ImageFolder-like dataset (``.samples`` of JPEG files, the default image loader)
     whose ``transform`` is a torchvision Compose :func:`~pipeline_opt.transforms.replay.recognise` replays and that has at
     least one random transform (deterministic pipelines are the nvJPEG decode plan's). Given a
-    DataLoader, it must batch with the default collate. ``same_distribution`` is accepted for
+    DataLoader, it must batch with the default collate, or with ``lambda batch: mix(*default_collate(batch))``
+    for a v2 MixUp / CutMix / RandomChoice of them (replayed too). ``same_distribution`` is accepted for
     compatibility and changes nothing (the random policies are replayed with the same draws).
     """
     if importlib.util.find_spec("kornia") is None:
@@ -146,9 +154,13 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
     if loader is not None:
         if loader.batch_size is None and loader.batch_sampler is None:
             return None, "the loader does not batch (batch_size=None)"
+    mix = None
+    if loader is not None:
         name = getattr(loader.collate_fn, "__name__", "")
         if loader.collate_fn is not default_collate and name != "default_collate":
-            return None, f"the loader has its own collate_fn ({name or loader.collate_fn!r}), which the replay would skip"
+            mix, why = find_batch_mix(loader.collate_fn)
+            if mix is None:
+                return None, why
     problem = jpeg_folder_problem(dataset)
     if problem:
         return None, problem
@@ -171,6 +183,8 @@ def plan_random_gpu_pipeline(loader_or_dataset: Any, same_distribution: bool = F
                           "decoder convert those to RGB differently")
     plan = RandomGpuPlan(samples=tuple((str(p), y) for p, y in samples), transform=transform,
                          target_transform=getattr(dataset, "target_transform", None),
-                         moved=tuple(s.name for s in steps))
+                         moved=tuple(s.name for s in steps), batch_mix=mix)
+    if mix is not None and not any(s.kind == "to_float" for s in steps):
+        return None, "the collate_fn mixes batches (MixUp / CutMix), which needs float images; the transform ends in uint8"
     log.info("random GPU plan: %s", "; ".join(plan.describe()))
     return plan, ""

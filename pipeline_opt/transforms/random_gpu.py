@@ -40,6 +40,7 @@ except ImportError as e:  # pragma: no cover - exercised by the no-kornia test t
 
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.transforms import timm_ops  # noqa: F401  (registers timm's device modules)
+from pipeline_opt.transforms.batch_mix import MIX_WIDTH, apply_batch_mix
 from pipeline_opt.transforms.jpeg_batch import decode_jpegs, unpack_jpegs
 from pipeline_opt.transforms.replay import (
     GEOMETRIC,
@@ -88,7 +89,7 @@ class RandomGpuPipeline(torch.nn.Module):
     """
 
     def __init__(self, steps: Sequence[ReplayStep] | ReplaySampler, device: torch.device | str | None = None,
-                 then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 then: Callable[[torch.Tensor], torch.Tensor] | None = None, batch_mix: bool = False) -> None:
         super().__init__()
         steps = steps.steps if isinstance(steps, ReplaySampler) else tuple(steps)
         if not steps or not all(isinstance(s, ReplayStep) for s in steps):
@@ -96,7 +97,8 @@ class RandomGpuPipeline(torch.nn.Module):
         if then is not None and not callable(then):
             raise TypeError(f"then={then!r} must be callable (e.g. a kornia AugmentationSequential) or None")
         self.steps = steps
-        self.width = sum(s.width for s in steps)
+        self.batch_mix = bool(batch_mix)  # a ReplayCollate appended a MixUp / CutMix draw to every row
+        self.width = sum(s.width for s in steps) + (MIX_WIDTH if self.batch_mix else 0)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -113,6 +115,9 @@ class RandomGpuPipeline(torch.nn.Module):
                         if batch else None)
         self.then = then
         self.out_uint8 = not any(s.kind == "to_float" for s in steps)
+        if self.batch_mix and self.out_uint8:
+            raise ValueError("MixUp / CutMix mix float images; this pipeline ends in uint8 (no ToTensor / ToDtype), "
+                             "so the original's mix would fail on it too")
         self._with_patches = [s for s in steps if draws_patches(s)]
 
     @classmethod
@@ -124,10 +129,13 @@ class RandomGpuPipeline(torch.nn.Module):
     def describe(self) -> list[str]:
         """One line per step: where it runs (per sample / batch) and as what."""
         lines = ["device: decode JPEG (nvJPEG on CUDA, libjpeg on CPU)"]
+        tail = ["device, batch: MixUp / CutMix with the worker's draw (labels mixed in the worker)"] if self.batch_mix \
+            else []
         lines += [f"device, per sample: {s.describe()} -> {type(m).__name__}" for s, m in self._per_sample]
         if self.augment is not None:
             lines += [f"device, batch: {s.describe()} -> {type(m).__name__}"
                       for s, m in zip(self._batch_steps, self.augment.children())]
+        lines += tail
         if self.then is not None:
             lines.append(f"device, batch: then {type(self.then).__name__} (own draws)")
         return lines
@@ -197,6 +205,8 @@ class RandomGpuPipeline(torch.nn.Module):
             x = self.augment(x, params=self.param_items(params, tuple(x.shape), split))
         if self.out_uint8:
             x = x.round_().clamp_(0, 255).to(torch.uint8)
+        if self.batch_mix:
+            x = apply_batch_mix(x, params[0, -MIX_WIDTH:].tolist())
         if self.then is not None:
             x = self.then(x.float().div_(255.0) if self.out_uint8 else x)
         return x, labels
