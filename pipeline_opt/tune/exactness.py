@@ -49,6 +49,7 @@ from pipeline_opt.loading.decode import (
 )
 from pipeline_opt.transforms.gpu import Normalize
 from pipeline_opt.transforms.registry import device_exactness
+from pipeline_opt.transforms.replay import GEOMETRIC
 from pipeline_opt.tune.offload import tolerance_names, variant_dataset
 
 log = get_logger("tune.exactness")
@@ -199,27 +200,41 @@ def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGE
     the user's files with the same seed: the same draws are required and the end-to-end mean within
     the plan's tolerance.
 
-    The decode bounds (:data:`DECODE_MEAN_ERROR`, :data:`DECODE_MAX_ERROR`) apply to the decoder
-    alone (the device's decode against Pillow's, before any transform): the replayed operations
-    reproduce the CPU ones on the same input, but threshold operations (solarize, posterize,
-    equalize, autocontrast) turn a one-level difference of the decoder or of the device resize's
-    rounding into a jump of many levels at the pixels near a threshold, so the end-to-end maximum of such a recipe says how far a pixel can move,
-    not how good the decoder is. The change names the end-to-end error (what the user's samples
-    see) and the decoder's own."""
+    The decode bounds (:data:`DECODE_MEAN_ERROR`, :data:`DECODE_MAX_ERROR`) apply to the decoder as
+    they do for every decode change: after the pipeline's resize (here its first crop or resize, the
+    decoder's output and Pillow's both taken through it). At full resolution nvJPEG's chroma
+    upsampling moves single pixels at sharp colour edges by tens of levels, which the resize averages
+    away. They do not apply to the end-to-end output: the replayed operations reproduce the CPU ones
+    on the same input, but threshold operations (solarize, posterize, equalize, autocontrast) turn a
+    one-level difference into a jump of many levels at the pixels near a threshold, so the end-to-end
+    maximum of such a recipe says how far a pixel can move, not how good the decoder is. The change
+    names the end-to-end error (what the user's samples see), the decoder's own at full resolution,
+    and the decoder's through the resize (the one judged)."""
     parity = plan.measure_error(device=device, n=n)
     ok, why = plan.within_tolerance(parity)
+    resized_mean, resized_max, through = _through_the_resize(parity)
     change = PixelChange(name=REPLAY_NAME, kind="decode", setting="decode=nvjpeg",
                          mean_error=float(parity.end_to_end_mean), max_error=float(parity.end_to_end_max),
                          n_images=int(parity.images),
                          note=f"{parity.decoder} + the replayed augmentation on {device} vs the CPU pipeline, "
                               f"same seed (same draws: {parity.same_draws}); the decoder alone: mean "
-                              f"{parity.decode_mean:.3g}/255, max {parity.decode_max:.3g}/255")
+                              f"{parity.decode_mean:.3g}/255, max {parity.decode_max:.3g}/255 at full resolution, "
+                              f"mean {resized_mean:.3g}/255, max {resized_max:.3g}/255 through {through}")
     if not ok:
         return replace(change, allowed=False, note=f"{why}: not offered")
-    decoder = refusal(replace(change, mean_error=float(parity.decode_mean), max_error=float(parity.decode_max)))
+    decoder = refusal(replace(change, mean_error=resized_mean, max_error=resized_max))
     if decoder:
-        return replace(change, allowed=False, note=f"{parity.decoder} alone: {decoder}")
+        return replace(change, allowed=False, note=f"{parity.decoder} through {through}: {decoder}")
     return change
+
+
+def _through_the_resize(parity: Any) -> tuple[float, float, str]:
+    """The decoder's error after the pipeline's first crop / resize (the step's cumulative error: the
+    decoder plus the resize's rounding), or at full resolution where the parity has no such step."""
+    for step in getattr(parity, "steps", ()):
+        if step.kind in GEOMETRIC:
+            return float(step.cumulative_mean), float(step.cumulative_max), f"the pipeline's {step.name}"
+    return float(parity.decode_mean), float(parity.decode_max), "no resize (full resolution)"
 
 
 def measure_offload(dataset: Any, plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange | None:

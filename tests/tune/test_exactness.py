@@ -229,11 +229,17 @@ def test_autotune_offers_the_gpu_replay_for_a_random_training_pipeline(tiny_imag
 class _FakeReplayPlan:
     """A replay plan whose measured parity is given: the decode bounds' verdict without a GPU."""
 
-    def __init__(self, decode_max: float, end_max: float, end_mean: float = 0.3, same_draws: bool = True):
+    def __init__(self, decode_max: float, end_max: float, end_mean: float = 0.3, same_draws: bool = True,
+                 full_resolution_max: float = 57.0):
         from types import SimpleNamespace
 
-        self.parity = SimpleNamespace(same_draws=same_draws, decoder="nvJPEG (cuda)", images=12, decode_mean=0.4,
-                                      decode_max=decode_max, end_to_end_mean=end_mean, end_to_end_max=end_max)
+        from pipeline_opt.transforms.replay_parity import StepError
+
+        crop = StepError("RandomResizedCrop", "resized_crop", "pil", 0.1, 1.0, 0.4, decode_max)
+        policy = StepError("TrivialAugmentWide", "auto_augment", "pil", 0.0, 0.0, 0.3, end_max)
+        self.parity = SimpleNamespace(same_draws=same_draws, decoder="nvJPEG (cuda)", images=12, decode_mean=0.6,
+                                      decode_max=full_resolution_max, steps=(crop, policy), end_to_end_mean=end_mean,
+                                      end_to_end_max=end_max)
 
     def measure_error(self, device, n):
         return self.parity
@@ -245,14 +251,18 @@ class _FakeReplayPlan:
 def test_the_replays_decode_bounds_apply_to_the_decoder_not_to_what_threshold_ops_make_of_it():
     from pipeline_opt.tune.exactness import DECODE_MAX_ERROR, measure_random_replay
 
-    # a recipe with solarize / posterize: the decoder moves pixels by 3 levels, the recipe's output by 54
+    # a recipe with solarize / posterize: nvJPEG moves single full-resolution pixels by 57 levels (chroma
+    # upsampling at colour edges), 3 through the pipeline's crop; the recipe's output by 54
     change = measure_random_replay(_FakeReplayPlan(decode_max=3, end_max=54), torch.device("cpu"))
     assert change.allowed, change.note
     assert change.max_error == 54 and change.mean_error == 0.3  # the user is told what the samples see
-    assert "the decoder alone: mean 0.4/255, max 3/255" in change.note
-    # a decoder beyond the bound is refused, and the refusal names the decoder's own error
+    assert "the decoder alone: mean 0.6/255, max 57/255 at full resolution" in change.note
+    assert "mean 0.4/255, max 3/255 through the pipeline's RandomResizedCrop" in change.note
+    # a decoder beyond the bound through the resize is refused, and the refusal names that error
     refused = measure_random_replay(_FakeReplayPlan(decode_max=DECODE_MAX_ERROR + 8, end_max=54), torch.device("cpu"))
-    assert not refused.allowed and refused.note.startswith("nvJPEG (cuda) alone:") and "max 40/255 > 32/255" in refused.note
+    assert not refused.allowed, refused.note
+    assert refused.note.startswith("nvJPEG (cuda) through the pipeline's RandomResizedCrop:")
+    assert "max 40/255 > 32/255" in refused.note
     # different draws are refused whatever the error
     assert not measure_random_replay(_FakeReplayPlan(1, 1, same_draws=False), torch.device("cpu")).allowed
 
@@ -272,7 +282,7 @@ def test_torchvisions_reference_recipe_replayed_is_offered_with_its_end_to_end_e
     assert plan is not None, why
     change = measure_random_replay(plan, CPU)
     assert change.allowed, change.note
-    assert change.mean_error < 0.5 and "the decoder alone: mean 0/255, max 0/255" in change.note
+    assert change.mean_error < 0.5 and "the decoder alone: mean 0/255, max 0/255 at full resolution" in change.note
     # on these images (seeded) a pixel moves by 52 levels end to end, beyond the decode bound the
     # replay was once refused on, though no decoder differs: named, not refused
     assert change.max_error > DECODE_MAX_ERROR
