@@ -241,6 +241,38 @@ def test_demo_end_to_end_small(tmp_path, capsys):
                  "tune.json"):
         assert (out / name).is_file(), name
     assert not (out / "tune.html").exists()  # the tuning report is report.html, not also a byte-identical copy
+    _assert_the_printed_table_is_the_saved_reports(text, out)
+
+
+def _row(text: str, label: str) -> list[str]:
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith(label)]
+    return line.strip()[len(label):].split()
+
+
+def _assert_the_printed_table_is_the_saved_reports(text: str, out) -> None:
+    """Every figure the demo prints is the one its JSON reports hold, to the printed rounding."""
+    import json
+    import re
+
+    tune = json.loads((out / "tune.json").read_text())
+    before = json.loads((out / "baseline" / "report.json").read_text())
+    after = json.loads((out / "best" / "report.json").read_text())
+    b, a, x = _row(text, "throughput, tuning trials (samples/s)")
+    assert float(b) == round(tune["baseline_throughput"], 1) and float(a) == round(tune["best_throughput"], 1)
+    assert x == f"{tune['speedup']:.2f}x"
+    assert abs(tune["speedup"] - tune["best_throughput"] / tune["baseline_throughput"]) < 1e-9  # one source
+    headline = re.search(r"autotune: ([0-9.]+)x over the naive loader in interleaved trials \(measured (.*?), "
+                         r"(\d+) trials", text)
+    assert headline and headline.group(1) == f"{tune['speedup']:.2f}"
+    assert int(headline.group(3)) == len(tune["trials"])
+    noise = headline.group(2)
+    assert noise == ("noise not measured" if not tune["noise"] else f"noise ±{tune['noise'] * 100:.0f}%"), noise
+    pb, pa = _row(text, "throughput, one short profile each")
+    assert float(pb) == round(before["throughput"], 1) and float(pa) == round(after["throughput"], 1)
+    sb, _, sa, _ = _row(text, "step time (profile median)")
+    assert float(sb) == round(before["step_time_s"] * 1000, 1) and float(sa) == round(after["step_time_s"] * 1000, 1)
+    wb, wa = _row(text, "data wait")
+    assert wb == f"{before['data_wait_frac'] * 100:.0f}%" and wa == f"{after['data_wait_frac'] * 100:.0f}%"
 
 
 def test_the_cpu_demo_steps_on_one_thread_and_restores_the_count(monkeypatch, tmp_path):

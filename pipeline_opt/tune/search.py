@@ -318,8 +318,9 @@ class Search(PooledEvidence):
             return
         if clear_win(self.median(guess), self.median(base), self.noise, self.min_gain):
             self.skip("A B A B repeats of the baseline",
-                      f"the first guess measured {_pct(self.median(guess) / max(self.median(base), 1e-12) - 1.0)} "
-                      "over the baseline, far beyond any noise")
+                      f"the first guess measured {self.median(guess):,.1f}/s against the baseline's "
+                      f"{self.median(base):,.1f}/s so far "
+                      f"({_pct(self.median(guess) / max(self.median(base), 1e-12) - 1.0)}), far beyond any noise")
             if self.incumbent == guess:  # every later candidate is compared with it: one trial is too few
                 self._repeat(guess, f"repeat of {guess.label()} (the incumbent every later candidate is "
                                     "compared with)")
@@ -380,9 +381,6 @@ class Search(PooledEvidence):
 
     def _confirm(self) -> None:
         if clear_win(self.median(self.incumbent), self.median(self.baseline), self.noise, self.min_gain):
-            self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
-                      f"{_pct(self.median(self.incumbent) / max(self.median(self.baseline), 1e-12) - 1.0)} over the "
-                      "baseline, far beyond any noise")
             if all(m.from_profile for m in self.history.get(self.baseline, [])):
                 # the claimed speedup's denominator: the profile measured the baseline with a profiler
                 # in every worker, which slows CPU-bound workers, so the claim would overstate the gain
@@ -393,6 +391,11 @@ class Search(PooledEvidence):
                 # overstates what it delivers (the winner's curse); a second trial is pooled with it
                 self._repeat(self.incumbent, "the winner measured once more, so that the claimed speedup "
                                              "pools two of its trials, not the one that won")
+            # said after those repeats, with the medians the claimed speedup is computed from (one source)
+            best, base = self.median(self.incumbent), self.median(self.baseline)
+            self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
+                      f"{best / max(base, 1e-12):.2f}x the baseline ({best:,.1f} vs {base:,.1f}/s, the claimed "
+                      "speedup's pooled medians), far beyond any noise")
             return
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):
