@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pipeline-opt-installed
+DEMO_STAMP := $(VENV)/.pipeline-opt-demo
+CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: demo test lint simd install clean
 
@@ -17,7 +19,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The demo needs the package alone (no extras). Without an NVIDIA GPU (and without the test set-up) it
+# first tries PyTorch's CPU-only wheels, which leave out the CUDA libraries (about 4 GB); where that
+# index cannot be reached, pip's default torch is installed and the line below says so.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@if [ ! -f $(STAMP) ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install --quiet --retries 0 --timeout 15 --index-url $(CPU_TORCH_INDEX) torch torchvision \
+	    || echo "make demo: PyTorch's CPU-only wheels ($(CPU_TORCH_INDEX)) could not be reached; installing the default torch, with its CUDA libraries"; \
+	fi
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/pipeline-opt demo $(ARGS)
 
 test: $(STAMP)

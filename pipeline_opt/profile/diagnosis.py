@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pipeline_opt._core.littles_law import MARGIN, workers_for
 from pipeline_opt.profile.cpu_share import reserved_cpus
 from pipeline_opt.transforms.registry import TransformInfo, infos_named
 
@@ -113,11 +114,12 @@ def step_budget_s(m: Measurements) -> float:
     return budget
 
 
-def workers_needed(batch_cpu_s: float, step_s: float, margin: int = 1) -> int:
-    """Little's law: workers that keep a step of ``step_s`` fed with batches costing ``batch_cpu_s``."""
+def workers_needed(batch_cpu_s: float, step_s: float) -> int:
+    """Little's law: workers that keep a step of ``step_s`` fed with batches costing ``batch_cpu_s``
+    (:func:`~pipeline_opt._core.littles_law.workers_for`, the tuner's formula too)."""
     if batch_cpu_s < 0 or step_s <= 0:
         raise ValueError(f"batch_cpu_s={batch_cpu_s!r} must be >= 0 and step_s={step_s!r} > 0")
-    return max(1, math.ceil(batch_cpu_s / step_s) + margin)
+    return workers_for(batch_cpu_s, step_s)
 
 
 def max_workers(m: Measurements) -> int:
@@ -218,7 +220,9 @@ def evidence(m: Measurements) -> tuple[str, ...]:
 
 def _littles_law_text(m: Measurements) -> str:
     budget = step_budget_s(m)
-    return f"Little's law: batch CPU {m.batch_cpu_s:.3f} s / step {budget:.3f} s = {m.batch_cpu_s / budget:.1f}, +1"
+    need = workers_needed(m.batch_cpu_s, budget)
+    return (f"Little's law: batch CPU {m.batch_cpu_s:.3f} s / step {budget:.3f} s = {m.batch_cpu_s / budget:.1f}, "
+            f"rounded up plus {MARGIN:.0%} (at least one) = {need}")
 
 
 def _data_recommendations(m: Measurements) -> list[str]:
@@ -228,7 +232,8 @@ def _data_recommendations(m: Measurements) -> list[str]:
         need = workers_needed(m.batch_cpu_s, step_budget_s(m))
         target = min(need, cap)
         if target > m.num_workers:
-            recs.append(f"raise num_workers from {m.num_workers} to {target} ({_littles_law_text(m)})")
+            capped = f"; capped at {cap}, the cores free for workers" if target < need else ""
+            recs.append(f"raise num_workers from {m.num_workers} to {target} ({_littles_law_text(m)}{capped})")
         if need > cap:
             free = f"{cap} cores are" if cap != 1 else "1 core is"
             recs.append(f"{need} workers would be needed but only {free} free for workers: "

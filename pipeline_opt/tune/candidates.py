@@ -8,6 +8,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from pipeline_opt._core.littles_law import MARGIN, workers_for
 from pipeline_opt.loading.dataloader import loader_config
 
 DECODES = ("pil", "draft", "nvjpeg")
@@ -104,18 +105,10 @@ class LoaderConfig:
         return " ".join(parts)
 
 
-def littles_law_workers(batch_s: float, step_s: float, margin: float = 0.25) -> int:
-    """Workers needed so that batches arrive as fast as the step consumes them.
-
-    Each worker delivers one batch every ``batch_s`` seconds; the step takes ``step_s``; so about
-    ``ceil(batch_s / step_s)`` workers keep the queue non-empty, plus a margin (25%, at least one)
-    for jitter and for the slowdown of workers sharing cores.
-    """
-    if batch_s <= 0:
-        return 1
-    step_s = max(step_s, 1e-4)
-    need = math.ceil(batch_s / step_s)
-    return int(need + max(1, math.ceil(margin * need)))
+def littles_law_workers(batch_s: float, step_s: float, margin: float = MARGIN) -> int:
+    """Workers needed so that batches arrive as fast as the step consumes them (:func:`~pipeline_opt._core.
+    littles_law.workers_for`, the profile's formula too): ``ceil(batch_s / step_s)`` plus 25%, at least one."""
+    return workers_for(batch_s, step_s, margin)
 
 
 def epoch_workers(workers: int, batches_per_epoch: int | None) -> int:

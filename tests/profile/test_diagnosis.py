@@ -21,7 +21,7 @@ def test_data_bound_step_from_the_field_asks_for_littles_law_workers_and_gpu_tra
     d = diagnose(m)
     assert d.bottleneck == "data"
     recs = "\n".join(d.recommendations)
-    assert "raise num_workers from 4 to 13" in recs  # ceil(1.0 / 0.09) + 1
+    assert "raise num_workers from 4 to 14" in recs  # ceil(1.0 / 0.09) = 12, plus 25% rounded up
     assert "persistent_workers=True" in recs
     assert "Normalize" in recs and "to the GPU" in recs
     assert "Pillow-SIMD" in recs  # Resize is 38% of the sample time, stock Pillow
@@ -57,7 +57,7 @@ def test_launch_bound_yolo_like_step_asks_for_fewer_workers():
              gpu_idle_frac=0.42, num_workers=16, batch_cpu_s=64 * 0.016)
     d = diagnose(m)
     assert d.bottleneck == "launch"
-    assert any("lower num_workers from 16 to 10" in r for r in d.recommendations)  # ceil(1.024/0.115)+1
+    assert any("lower num_workers from 16 to 12" in r for r in d.recommendations)  # ceil(1.024/0.115) + 25%
     assert any("reduce-overhead" in r for r in d.recommendations)
 
 
@@ -85,12 +85,21 @@ def test_main_process_loader_is_told_to_use_workers():
     m = Measurements(device_type="cpu", step_time_s=0.1, compute_time_s=0.01, data_wait_frac=0.9,
                      num_workers=0, usable_cpus=8, batch_cpu_s=0.09)
     recs = diagnose(m).recommendations
-    assert recs[0] == "raise num_workers from 0 to 7 (Little's law: batch CPU 0.090 s / step 0.010 s = 9.0, +1)"
-    assert "10 workers would be needed but only 7 cores" in recs[1]
+    assert recs[0] == ("raise num_workers from 0 to 7 (Little's law: batch CPU 0.090 s / step 0.010 s = 9.0, rounded up "
+                       "plus 25% (at least one) = 12; capped at 7, the cores free for workers)")
+    assert "12 workers would be needed but only 7 cores" in recs[1]
+
+
+def test_the_profile_and_the_tuner_read_one_worker_count_from_one_measurement():
+    """The profile advised 6 workers and the tuner guessed 7 for one run (ceil + 1 against ceil + 25%)."""
+    from pipeline_opt.tune.candidates import littles_law_workers
+
+    for batch_s, step_s in [(0.42, 0.08), (2.2098, 0.0346), (0.05, 0.1), (1.0, 0.2), (0.6, 0.01)]:
+        assert workers_needed(batch_s, step_s) == littles_law_workers(batch_s, step_s), (batch_s, step_s)
 
 
 def test_workers_needed_and_validation():
-    assert workers_needed(0.42, 0.08) == 7
+    assert workers_needed(0.42, 0.08) == 6 + 2  # ceil(5.25), plus 25% of it rounded up: the tuner's formula
     assert workers_needed(0.0, 0.08) == 1
     with pytest.raises(ValueError, match="step_s"):
         workers_needed(0.1, 0.0)
@@ -190,7 +199,7 @@ def test_a_data_bound_step_gets_its_data_recommendations_before_the_core_wait():
     m = _gpu(step_time_s=0.24, compute_time_s=0.09, data_wait_frac=0.55, gpu_idle_frac=0.6, num_workers=4,
              batch_cpu_s=1.0, main_runqueue_s=0.03, main_runqueue_frac=0.12)
     recs = diagnose(m).recommendations
-    assert recs[0].startswith("raise num_workers from 4 to 13")
+    assert recs[0].startswith("raise num_workers from 4 to 14")
     assert any(r.startswith("the training thread waited for a core 12%") for r in recs[1:])
 
 
