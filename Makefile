@@ -25,7 +25,10 @@ install: $(STAMP)
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	@if [ ! -f $(STAMP) ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(BIN)/python -m pip install --quiet --retries 0 --timeout 15 --index-url $(CPU_TORCH_INDEX) torch torchvision \
-	    || echo "make demo: PyTorch's CPU-only wheels ($(CPU_TORCH_INDEX)) could not be reached; installing the default torch, with its CUDA libraries"; \
+	    >/dev/null 2>&1 && $(BIN)/python -c "import torch, torchvision.ops as o; o.nms(torch.zeros(1, 4), torch.ones(1), 0.5)" \
+	    >/dev/null 2>&1 && echo "make demo: PyTorch's CPU-only wheels installed (no GPU here)" \
+	    || { echo "make demo: PyTorch's CPU-only wheels ($(CPU_TORCH_INDEX)) could not be installed; installing the default torch, with its CUDA libraries"; \
+	         $(BIN)/python -m pip uninstall --quiet -y torch torchvision >/dev/null 2>&1; true; }; \
 	fi
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(DEMO_STAMP)

@@ -66,6 +66,7 @@ from pipeline_opt.tune.first_guess import (
 from pipeline_opt.tune.result import Trial, TuneResult, trial_spread
 from pipeline_opt.tune.search import BaselineFailed, Search
 from pipeline_opt.tune.steps import (
+    each_lever_on_its_own,
     gpu_decode_name,
     gpu_decode_workers,
     retry_with_persistent_workers,
@@ -283,6 +284,7 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
             search.consider(guess, why)
     else:
         search.calibrate(guess, why)
+    each_lever_on_its_own(search, levers)
     if stale is None:
         retry_with_persistent_workers(search, guess)
     if search.incumbent.decode != "nvjpeg":

@@ -228,6 +228,10 @@ class Search(PooledEvidence):
             ok = True
             verdict += (f", but not slower ({m.median:,.1f}/s against {self.median(incumbent):,.1f}/s pooled) "
                         f"with fewer workers ({cfg.num_workers} < {incumbent.num_workers})")
+        elif not ok and (lever := self._unproven_lever(cfg, m, incumbent)):
+            ok = True
+            verdict += (f", so {lever} has no evidence ({self.median(incumbent):,.1f}/s with it pooled, "
+                        f"{m.median:,.1f}/s without): dropped")
         elif not ok and adds_shared_slots(cfg, incumbent) and self._slots_tie(m.median, self.median(incumbent)):
             ok = True
             verdict += (f", but not slower beyond the {self.min_gain:.0%} minimum ({m.median:,.1f}/s against "
@@ -257,6 +261,20 @@ class Search(PooledEvidence):
         return (incumbent != self.baseline and cfg.num_workers < incumbent.num_workers
                 and cfg == incumbent.with_(num_workers=cfg.num_workers)
                 and m.median >= self.median(incumbent))
+
+    def _unproven_lever(self, cfg: LoaderConfig, m: Measurement, incumbent: LoaderConfig) -> str:
+        """The rule for a change that rode in with others (the first guess's dataset changes): ``cfg`` is
+        the incumbent without one pixel-changing lever (device transforms, draft decoding); the lever
+        stays only if the incumbent beats ``cfg`` beyond the noise. Its name when it does not, else ''."""
+        if incumbent == self.baseline:
+            return ""
+        if incumbent.gpu_transforms and cfg == incumbent.with_(gpu_transforms=()):
+            lever = f"{'+'.join(incumbent.gpu_transforms)} on the device"
+        elif incumbent.decode == "draft" and cfg == incumbent.with_(decode="pil"):
+            lever = "JPEG draft decoding"
+        else:
+            return ""
+        return "" if judge(self.median(incumbent), m.median, self.noise, self.min_gain).accepted else lever
 
     def _slots_tie_with_baseline(self, cfg: LoaderConfig | None = None) -> bool:
         """The shared-slots tie rule against the loader as given: ``cfg`` (the incumbent by default)

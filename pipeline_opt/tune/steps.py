@@ -112,6 +112,22 @@ def tune_shared_slots(search: Search, loader: DataLoader, dev: torch.device, ena
     search.try_change("image tensors through reused, page-locked shared-memory slots", shared_slots=True)
 
 
+def each_lever_on_its_own(search: Search, levers: list[str]) -> None:
+    """The first guess bundled dataset changes with the worker count (``levers``, when the workers were
+    capped): each is measured on its own, the incumbent without it, and stays only if the incumbent is
+    faster beyond the noise (:meth:`~pipeline_opt.tune.search.Search.consider`'s unproven-lever rule)."""
+    if not levers or search.incumbent == search.baseline:
+        return
+    inc = search.incumbent
+    if inc.gpu_transforms:
+        search.consider(inc.with_(gpu_transforms=()), f"the first guess without {'+'.join(inc.gpu_transforms)} on "
+                                                      "the device (each of its changes measured on its own)")
+    inc = search.incumbent
+    if inc.decode == "draft":
+        search.consider(inc.with_(decode="pil"), "the first guess without JPEG draft decoding (each of its changes "
+                                                 "measured on its own)")
+
+
 def tune_dataset_changes(search: Search, gpu_plan, gpu_why: str, draft_plan, draft_why: str) -> None:
     """The offload and draft decoding not already in the incumbent (GPU decoding replaces both)."""
     if search.incumbent.decode == "nvjpeg":

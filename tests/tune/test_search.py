@@ -726,3 +726,30 @@ def test_the_final_confirmations_figure_is_the_claimed_speedup():
     assert f"{out.best_throughput:,.1f} vs {out.baseline_throughput:,.1f}/s" in line
     (guess_line,) = [x for x in s.not_tried if x.startswith("A B A B")]
     assert "against the baseline's 203.0/s so far" in guess_line  # says which measurement it is
+
+
+@pytest.mark.parametrize("lever, helps", [("gpu", False), ("gpu", True), ("draft", False), ("draft", True)])
+def test_a_change_that_rode_in_the_first_guess_stays_only_with_evidence_of_its_own(lever, helps):
+    """The first guess bundled more workers with a dataset change (the workers were capped); the change is
+    then measured on its own: without evidence it is dropped, not kept because the bundle won."""
+    from pipeline_opt.tune.steps import each_lever_on_its_own
+
+    change = {"gpu_transforms": ("Normalize",)} if lever == "gpu" else {"decode": "draft"}
+
+    def rate(cfg):
+        if cfg.num_workers == 2:
+            return 100.0
+        with_lever = cfg.gpu_transforms or cfg.decode == "draft"
+        return 400.0 * (1.5 if helps and with_lever else 1.0)
+
+    s, ev = _search(rate)
+    s.start(LoaderConfig(2))
+    guess = LoaderConfig(8).with_(**change)
+    s.calibrate(guess, "guess")
+    assert s.incumbent == guess
+    each_lever_on_its_own(s, ["the change"])
+    if helps:
+        assert s.incumbent == guess
+    else:
+        assert s.incumbent == LoaderConfig(8)
+        assert "has no evidence" in s.trials[-1].reason and "dropped" in s.trials[-1].reason
