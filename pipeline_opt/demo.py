@@ -20,7 +20,7 @@ from torch import nn
 import pipeline_opt as po
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.datasets import make_image_folder
-from pipeline_opt.report.text import before_after_table
+from pipeline_opt.report.text import before_after_table, unchanged
 from pipeline_opt.tune.ab import noise_text
 from pipeline_opt.tune.vetting import samples_clause
 
@@ -210,8 +210,12 @@ def _run(cfg: DemoConfig) -> DemoResult:
     # one page per kind: the tuning report (both profiles in it) is the demo's report.html, not a copy beside tune.html
     (out / "tune.html").replace(out / "report.html")
 
-    table = (f"autotune: {tuned.speedup:.2f}x over the naive loader in interleaved trials "
-             f"(measured {noise_text(tuned.noise, 0)}, {len(tuned.trials)} trials in {tuned.tuning_time_s:.0f} s); "
+    claim = (f"{tuned.speedup:.2f}x over the naive loader in interleaved trials"
+             if not unchanged(tuned.config, tuned.original_config)
+             else "no change: nothing beat the naive loader beyond the noise in interleaved trials")
+    table = (f"autotune: {claim} "
+             f"({'measured ' if tuned.noise > 0 else ''}{noise_text(tuned.noise, 0)}, {len(tuned.trials)} trials in "
+             f"{tuned.tuning_time_s:.0f} s); "
              f"{samples_clause(tuned.exactness, tuned.pixel_changes)}\n\n"
              + before_after_table(before, after, tuned.config, tuned.original_config, speedup=tuned.speedup,
                                   trial_throughput=(tuned.baseline_throughput, tuned.best_throughput)))

@@ -237,8 +237,11 @@ def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None
                 ["step time", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ratio(b["step_time_s"], a["step_time_s"])]]
     else:
         tb, ta = trial_throughput if trial_throughput and all(trial_throughput) else (None, None)
-        head = [["throughput, tuning trials (samples/s)", "-" if tb is None else f"{tb:,.1f}",
-                 "-" if ta is None else f"{ta:,.1f}", f"{speedup:.2f}x"],
+        same = unchanged(config, original_config or b.get("loader_config"))
+        # nothing won: one set of trials, not a before and an after read from the same measurement
+        after_cell = "(same loader)" if same else "-" if ta is None else f"{ta:,.1f}"
+        head = [["throughput, tuning trials (samples/s)", "-" if tb is None else f"{tb:,.1f}", after_cell,
+                 "-" if same else f"{speedup:.2f}x"],
                 ["throughput, one short profile each", f"{b['throughput']:,.1f}", f"{a['throughput']:,.1f}", ""],
                 ["step time (profile median)", _ms(b["step_time_s"]), _ms(a["step_time_s"]), ""]]
     rows = head + [
@@ -259,6 +262,14 @@ def before_after_table(before: Any, after: Any, config: Mapping[str, Any] | None
             mark = "" if old == v else "   (changed)"
             out.append(f"    {k:<{kw}}  {_short(old):<{ow}} -> {_short(v)}{mark}")
     return "\n".join(out)
+
+
+def unchanged(config: Mapping[str, Any] | None, original: Mapping[str, Any] | None) -> bool:
+    """Whether a tuned ``config`` is the loader as given (``original``, the tuner's own knobs at their defaults)."""
+    if not config:
+        return False
+    original = dict(original or {})
+    return all(original.get(k, _AS_GIVEN.get(k, "-")) == v for k, v in config.items())
 
 
 def _short(v: Any) -> str:
@@ -301,9 +312,13 @@ def tune_table(result: Any) -> str:
     speedup = float(d["speedup"])
     verdict = "beyond noise" if speedup - 1.0 > noise else "within noise"
     samples = pixel_change_lines(d)
+    headline = (f"  speedup {speedup:.2f}x ({f'{verdict}; measured {noise_text(noise, 0)}' if noise > 0 else noise_text(0.0)})"
+                if not unchanged(d.get("config"), d.get("original_config") or d["baseline"].get("loader_config"))
+                else f"  no change: nothing beat the loader as given beyond the noise "
+                     f"({'measured ' if noise > 0 else ''}{noise_text(noise, 0)}); its own settings are returned")
     lines = [
         f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
-        f"  speedup {speedup:.2f}x ({f'{verdict}; measured {noise_text(noise, 0)}' if noise > 0 else noise_text(0.0)})",
+        headline,
         *(["  " + line for line in samples]),
         "",
         before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config"), speedup=speedup,

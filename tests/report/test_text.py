@@ -228,3 +228,16 @@ def test_html_groups_respawned_workers():
 
     page = render_profile_html(_respawned().to_dict())
     assert page.count("worker 0 (3 processes)") >= 1 and "2000, 2002, 2004" in page and "collate ms/batch" in page
+
+
+def test_a_result_that_kept_the_loader_as_given_shows_one_measurement_not_a_before_and_after():
+    """A run whose trials found nothing better printed `17.5 -> 17.5 1.00x` and `noise ±0%`: one trial as both
+    sides of a claim. It now says no change, with the baseline's trials once."""
+    given = make_tune().original_config
+    result = dataclasses.replace(make_tune(), config=dict(given), speedup=1.0, noise=0.0)
+    text = tune_table(result)
+    assert "no change: nothing beat the loader as given beyond the noise (noise not measured)" in text
+    assert "speedup 1.00x" not in text and "1.00x" not in text
+    row = [x for x in text.splitlines() if x.strip().startswith("throughput, tuning trials")][0]
+    assert "(same loader)" in row and row.split()[-1] == "-"
+    assert "(changed)" not in text
