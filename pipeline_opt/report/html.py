@@ -279,6 +279,7 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
            f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s before (tuning trials)</span></div>'
            if measured else "")
         + "</div>"
+        + "".join(f'<p class="caution"><b>Caution:</b> {_e(c)}</p>' for c in d.get("cautions") or ())
         + f"<p>{_e(SPEEDUP_NOTE)}</p>"
         + _samples_section(d)
         + f"<h2>Before and after</h2>{_table(['', 'before', 'after'], compare)}"

@@ -319,6 +319,7 @@ def tune_table(result: Any) -> str:
     lines = [
         f"pipeline_opt autotune  {len(trials)} trials in {float(d.get('tuning_time_s') or 0.0):.1f} s",
         headline,
+        *(f"  caution: {c}" for c in d.get("cautions") or ()),
         *(["  " + line for line in samples]),
         "",
         before_after_table(d["baseline"], d["best"], d.get("config"), d.get("original_config"), speedup=speedup,

@@ -322,6 +322,7 @@ def _tune(req: TuneRequest, bar) -> TuneResult:
         budget={**budget.to_dict(), "plan": plan.text}, exactness=exactness_of(config), pixel_changes=pixel_changes,
         pixel_checks=changes.checks, exact=req.exact, baseline_throughput=outcome.baseline_throughput,
         best_throughput=outcome.best_throughput if outcome.best != outcome.baseline else outcome.baseline_throughput,
+        cautions=outcome.cautions,
     )
 
 

@@ -46,6 +46,15 @@ class PooledEvidence:
             return min(m.median for m in runs)
         return self.median(cfg)
 
+    def disagreement(self, cfg: LoaderConfig) -> float:
+        """How far apart ``cfg``'s trials read: (slowest - fastest trial median) / pooled median; 0 with one."""
+        runs = self.evidence(cfg)
+        pooled = self.median(cfg)
+        if len(runs) < 2 or pooled <= 0:
+            return 0.0
+        medians = [m.median for m in runs]
+        return (max(medians) - min(medians)) / pooled
+
     def window_spread(self, candidate: Measurement, incumbent: LoaderConfig) -> float:
         """Half the relative window spread of ``candidate`` or of ``incumbent``'s trials (their median),
         whichever is larger; steady-state windows only (:attr:`Measurement.steady_spread`)."""

@@ -61,6 +61,7 @@ class TuneResult:
     exact: bool = False  # autotune(exact=True): only bit-identical changes were allowed
     baseline_throughput: float = 0.0  # pooled median samples/s of the loader as given's trials
     best_throughput: float = 0.0  # pooled median samples/s of the returned configuration's trials
+    cautions: tuple[str, ...] = ()  # what weakens the claim (trials of one configuration that disagree)
 
     def dataloader_kwargs(self, changed_only: bool = False) -> dict[str, Any]:
         """The tuned settings that are ``torch.utils.data.DataLoader`` arguments, ready for

@@ -262,6 +262,16 @@ class Search(PooledEvidence):
                 and cfg == incumbent.with_(num_workers=cfg.num_workers)
                 and m.median >= self.median(incumbent))
 
+    def _outlier_warning(self, cfg: LoaderConfig, who: str) -> str:
+        """A flag for a claim that pools trials which disagree beyond twice the noise (one of them an
+        outlier the budget left no time to re-measure), or ''."""
+        apart = self.disagreement(cfg)
+        if apart <= 2 * max(self.noise, self.min_gain):
+            return ""
+        medians = sorted(m.median for m in self.evidence(cfg))
+        return (f"{who}'s {len(medians)} trials read {medians[0]:,.1f} to {medians[-1]:,.1f}/s, {apart:.0%} apart "
+                f"(more than twice the noise): the claim pools them and may not hold")
+
     def _unproven_lever(self, cfg: LoaderConfig, m: Measurement, incumbent: LoaderConfig) -> str:
         """The rule for a change that rode in with others (the first guess's dataset changes): ``cfg`` is
         the incumbent without one pixel-changing lever (device transforms, draft decoding); the lever
@@ -449,4 +459,6 @@ class Search(PooledEvidence):
             if self._slots_tie_with_baseline() and not accept(self.median(best), self.median(base), self.noise,
                                                               self.min_gain)[0]:
                 verdict += f": not slower, kept on the shared-slots tie rule ({SLOTS_TIE_REASON})"
-        return dataclasses.replace(out, verdict=verdict)
+        cautions = () if best == base else tuple(c for c in (self._outlier_warning(best, "the winner"),
+                                                             self._outlier_warning(base, "the baseline")) if c)
+        return dataclasses.replace(out, verdict=verdict + "".join(f"; {c}" for c in cautions), cautions=cautions)

@@ -42,6 +42,7 @@ class SearchOutcome:
     trials: tuple[Trial, ...]
     not_tried: tuple[str, ...]
     verdict: str  # one sentence: what won, or that nothing did
+    cautions: tuple[str, ...] = ()  # what weakens the claim (trials of one configuration that disagree)
 
     @property
     def speedup(self) -> float:

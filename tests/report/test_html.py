@@ -160,3 +160,12 @@ def test_the_trial_charts_baseline_is_the_speedups_denominator(sample_tune):
     d = {**d, "baseline": {**d["baseline"], "throughput": 182.1}, "baseline_throughput": 179.1}
     chart = trial_chart(d)
     assert "baseline 179" in chart and "baseline 182" not in chart
+
+
+def test_tune_html_shows_a_caution_under_the_cards():
+    import dataclasses
+
+    caution = "the winner's 2 trials read 480.0 to 800.0/s, 50% apart (more than twice the noise): <may not hold>"
+    page = render_tune_html(dataclasses.replace(make_tune(), cautions=(caution,)).to_dict())
+    assert '<p class="caution"><b>Caution:</b> the winner&#x27;s 2 trials' in page and "&lt;may not hold&gt;" in page
+    assert 'class="caution"' not in render_tune_html(make_tune().to_dict())

@@ -241,3 +241,10 @@ def test_a_result_that_kept_the_loader_as_given_shows_one_measurement_not_a_befo
     row = [x for x in text.splitlines() if x.strip().startswith("throughput, tuning trials")][0]
     assert "(same loader)" in row and row.split()[-1] == "-"
     assert "(changed)" not in text
+
+
+def test_a_caution_is_printed_under_the_speedup():
+    caution = "the winner's 2 trials read 480.0 to 800.0/s, 50% apart (more than twice the noise): the claim may not hold"
+    text = tune_table(dataclasses.replace(make_tune(), cautions=(caution,)))
+    lines = text.splitlines()
+    assert lines[2] == f"  caution: {caution}" and lines[1].startswith("  speedup")

@@ -753,3 +753,18 @@ def test_a_change_that_rode_in_the_first_guess_stays_only_with_evidence_of_its_o
     else:
         assert s.incumbent == LoaderConfig(8)
         assert "has no evidence" in s.trials[-1].reason and "dropped" in s.trials[-1].reason
+
+
+def test_a_claim_pooling_trials_that_disagree_beyond_the_noise_is_flagged():
+    """An outlier trial of the winner (one read 40% low) is not silently averaged into the claim."""
+    s, ev = _search(lambda cfg: 800.0 if cfg.num_workers == 8 else 100.0, jitter=[0.0, 0.0, -0.4])
+    s.start(LoaderConfig(2))
+    s.calibrate(LoaderConfig(8), "guess")  # a clear win: the winner is measured once more (its outlier)
+    out = s.outcome()
+    assert out.best == LoaderConfig(8)
+    assert "the winner's 2 trials read 480.0 to 800.0/s" in out.verdict and "may not hold" in out.verdict
+    assert out.cautions and out.cautions[0].startswith("the winner's 2 trials")
+    steady, _ = _search(lambda cfg: 800.0 if cfg.num_workers == 8 else 100.0)
+    steady.start(LoaderConfig(2))
+    steady.calibrate(LoaderConfig(8), "guess")
+    assert "may not hold" not in steady.outcome().verdict and not steady.outcome().cautions
