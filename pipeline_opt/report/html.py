@@ -21,6 +21,7 @@ from pipeline_opt.report.text import (
     group_workers,
     limit_unreliable,
     transform_names,
+    unchanged,
     workers_title,
 )
 from pipeline_opt.tune.ab import noise_text
@@ -259,6 +260,7 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
     settings = [[k, _fmt_val(original.get(k, "-")), _fmt_val(v)] for k, v in (d.get("config") or {}).items()]
     trial_before, trial_after = float(d.get("baseline_throughput") or 0.0), float(d.get("best_throughput") or 0.0)
     measured = trial_before > 0 and trial_after > 0
+    same = unchanged(d.get("config"), original)  # nothing won: one measurement, not a before and an after
     compare = [
         ["throughput, one short profile each (samples/s)", f"{base['throughput']:,.1f}", f"{best['throughput']:,.1f}"],
         ["median step time in the profile (ms)", f"{1e3 * base['step_time_s']:.1f}", f"{1e3 * best['step_time_s']:.1f}"],
@@ -273,11 +275,14 @@ def render_tune_html(result_dict: Mapping[str, Any]) -> str:
               "repeat windows · dashed line: baseline</p>")
     body = (
         f"<h1>pipeline_opt autotune</h1><p class=\"meta\">{len(trials)} trials in "
-        f"{float(d.get('tuning_time_s') or 0.0):.1f} s · measured {noise_text(noise, 0)}</p>"
-        f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
-        + (f'<div class="card"><b>{trial_after:,.1f}</b><span>samples/s after (tuning trials)</span></div>'
-           f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s before (tuning trials)</span></div>'
-           if measured else "")
+        f"{float(d.get('tuning_time_s') or 0.0):.1f} s · {'measured ' if noise > 0 else ''}{noise_text(noise, 0)}</p>"
+        + ('<div class="cards"><div class="card"><b>no change</b><span>nothing beat the loader as given beyond the '
+           'noise</span></div>' + (f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s, its tuning trials'
+                                   '</span></div>' if trial_before > 0 else "") if same else
+           f'<div class="cards"><div class="card"><b>{float(d["speedup"]):.2f}x</b><span>speedup</span></div>'
+           + (f'<div class="card"><b>{trial_after:,.1f}</b><span>samples/s after (tuning trials)</span></div>'
+              f'<div class="card"><b>{trial_before:,.1f}</b><span>samples/s before (tuning trials)</span></div>'
+              if measured else ""))
         + "</div>"
         + "".join(f'<p class="caution"><b>Caution:</b> {_e(c)}</p>' for c in d.get("cautions") or ())
         + f"<p>{_e(SPEEDUP_NOTE)}</p>"

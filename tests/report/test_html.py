@@ -169,3 +169,12 @@ def test_tune_html_shows_a_caution_under_the_cards():
     page = render_tune_html(dataclasses.replace(make_tune(), cautions=(caution,)).to_dict())
     assert '<p class="caution"><b>Caution:</b> the winner&#x27;s 2 trials' in page and "&lt;may not hold&gt;" in page
     assert 'class="caution"' not in render_tune_html(make_tune().to_dict())
+
+
+def test_tune_html_of_a_run_that_kept_the_loader_says_no_change_not_1x():
+    import dataclasses
+
+    given = make_tune().original_config
+    page = render_tune_html(dataclasses.replace(make_tune(), config=dict(given), speedup=1.0, noise=0.0).to_dict())
+    assert "<b>no change</b>" in page and "1.00x" not in page
+    assert "noise not measured" in page and "measured noise not measured" not in page
