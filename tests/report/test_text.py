@@ -240,6 +240,9 @@ def test_a_result_that_kept_the_loader_as_given_shows_one_measurement_not_a_befo
     assert "speedup 1.00x" not in text and "1.00x" not in text
     row = [x for x in text.splitlines() if x.strip().startswith("throughput, tuning trials")][0]
     assert "(same loader)" in row and row.split()[-1] == "-"
+    for label in ("throughput, one short profile each", "step time (profile median)", "data wait", "bottleneck"):
+        (line,) = [x for x in text.splitlines() if x.strip().startswith(label)]
+        assert "(same loader)" in line, line  # one profile, not the same one shown as before and after
     assert "(changed)" not in text
 
 
