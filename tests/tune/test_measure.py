@@ -148,18 +148,24 @@ def test_workers_in_lockstep_on_a_short_epoch_read_what_the_loop_gets(persistent
         return DataLoader(SlowIO(n=64, latency_s=0.025), batch_size=4, num_workers=4,
                           persistent_workers=persistent)
 
-    model, plain, samples = tiny_model(), loader(), 0
-    for _ in plain:  # the first epoch: start-up, as the trial's discarded warm-up
-        pass
-    t0 = time.perf_counter()
-    for _ in range(5):
-        for batch in plain:
-            default_step(model, batch)
-            samples += batch[0].shape[0]
-    loop = samples / (time.perf_counter() - t0)
+    def plain_loop() -> float:
+        model, plain, samples = tiny_model(), loader(), 0
+        for _ in plain:  # the first epoch: start-up, as the trial's discarded warm-up
+            pass
+        t0 = time.perf_counter()
+        for _ in range(5):
+            for batch in plain:
+                default_step(model, batch)
+                samples += batch[0].shape[0]
+        return samples / (time.perf_counter() - t0)
+
+    # the plain loop before and after the trial: a 2-core machine drifts by more than the 10% asserted
+    before = plain_loop()
     m = measure_throughput(loader(), tiny_model(), default_step, CPU, windows=4, steps=4, warmup=1)
+    after = plain_loop()
     assert m.restarts_seen >= 1
-    assert 0.9 < m.median / loop < 1.1, (m.median, loop, m.windows, m.restart_s)
+    loops = (before, after)
+    assert 0.9 * min(loops) < m.median < 1.1 * max(loops), (m.median, loops, m.windows, m.restart_s)
 
 
 def test_epoch_charged_moves_each_windows_restarts_into_proportion():
