@@ -22,6 +22,7 @@ op whose function is not timm's own for its name.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 import sys
 from typing import Any
@@ -107,7 +108,7 @@ def timm_policy_options(t: Any) -> dict[str, Any]:
     """The interpolation and fill of ``t``'s geometric ops (one for all of them); raises naming what is not replayed."""
     geometric = [op for op in _ops_of(t) if KERNEL_OF[op.name] in GEOMETRIC]
     resamples = {_resample_key(op.kwargs.get("resample")) for op in geometric}
-    fills = {tuple(op.kwargs.get("fillcolor") or ()) for op in geometric}
+    fills = {_fill_key(op.kwargs.get("fillcolor")) for op in geometric}
     if len(resamples) > 1 or len(fills) > 1:
         raise UnsupportedTransform(f"timm's {type(t).__name__} mixes interpolations {sorted(map(str, resamples))} or "
                                    f"fills {sorted(fills)} across its ops; only one of each is replayed")
@@ -122,6 +123,15 @@ def timm_policy_options(t: Any) -> dict[str, Any]:
     fill = fills.pop() if fills else ()
     return {"interpolation": "nearest" if resample == _PIL_NEAREST else "bilinear",
             "fill": tuple(float(v) for v in fill) or None}
+
+
+def _fill_key(fill: Any) -> tuple[float, ...]:
+    """timm's ``fillcolor``: one level for every channel, or one per channel (None: black)."""
+    if fill is None:
+        return ()
+    if isinstance(fill, numbers.Number):
+        return (float(fill),)
+    return tuple(float(v) for v in fill)
 
 
 def _resample_key(resample: Any) -> Any:

@@ -49,7 +49,6 @@ from pipeline_opt.loading.decode import (
 )
 from pipeline_opt.transforms.gpu import Normalize
 from pipeline_opt.transforms.registry import device_exactness
-from pipeline_opt.transforms.replay import GEOMETRIC
 from pipeline_opt.tune.offload import tolerance_names, variant_dataset
 
 log = get_logger("tune.exactness")
@@ -201,7 +200,7 @@ def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGE
     the plan's tolerance.
 
     The decode bounds (:data:`DECODE_MEAN_ERROR`, :data:`DECODE_MAX_ERROR`) apply to the decoder as
-    they do for every decode change: after the pipeline's resize (here its first crop or resize, the
+    they do for every decode change: after the pipeline's resize (here its first resize or resized crop, the
     decoder's output and Pillow's both taken through it). At full resolution nvJPEG's chroma
     upsampling moves single pixels at sharp colour edges by tens of levels, which the resize averages
     away. They do not apply to the end-to-end output: the replayed operations reproduce the CPU ones
@@ -228,13 +227,21 @@ def measure_random_replay(plan: Any, device: torch.device, n: int = SAMPLE_IMAGE
     return change
 
 
+_RESAMPLING = frozenset({"resized_crop", "resize"})
+_BEFORE_THE_RESIZE = frozenset({"crop", "center_crop", "hflip", "vflip", "to_uint8"})  # move pixels, change none
+
+
 def _through_the_resize(parity: Any) -> tuple[float, float, str]:
-    """The decoder's error after the pipeline's first crop / resize (the step's cumulative error: the
-    decoder plus the resize's rounding), or at full resolution where the parity has no such step."""
+    """The decoder's error after the pipeline's first resampling step (resize or resized crop: the step's
+    cumulative error, the decoder plus the resize's rounding), where only crops and flips come before it;
+    else at full resolution (a crop does not average the decoder's error away, and an op that changes
+    levels before the resize would be charged to the decoder)."""
     for step in getattr(parity, "steps", ()):
-        if step.kind in GEOMETRIC:
+        if step.kind in _RESAMPLING:
             return float(step.cumulative_mean), float(step.cumulative_max), f"the pipeline's {step.name}"
-    return float(parity.decode_mean), float(parity.decode_max), "no resize (full resolution)"
+        if step.kind not in _BEFORE_THE_RESIZE:
+            break
+    return float(parity.decode_mean), float(parity.decode_max), "no resize before other ops (full resolution)"
 
 
 def measure_offload(dataset: Any, plan: Any, device: torch.device, n: int = SAMPLE_IMAGES) -> PixelChange | None:

@@ -419,12 +419,15 @@ class Search(PooledEvidence):
                 # overstates what it delivers (the winner's curse); a second trial is pooled with it
                 self._repeat(self.incumbent, "the winner measured once more, so that the claimed speedup "
                                              "pools two of its trials, not the one that won")
-            # said after those repeats, with the medians the claimed speedup is computed from (one source)
+            # judged again after those repeats (an unprofiled baseline can read far above its profile), and
+            # said with the medians the claimed speedup is computed from (one source)
             best, base = self.median(self.incumbent), self.median(self.baseline)
-            self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
-                      f"{best / max(base, 1e-12):.2f}x the baseline ({best:,.1f} vs {base:,.1f}/s, the claimed "
-                      "speedup's pooled medians), far beyond any noise")
-            return
+            if clear_win(best, base, self.noise, self.min_gain):
+                self.skip("final confirmation against the baseline", f"{self.incumbent.label()} is "
+                          f"{best / max(base, 1e-12):.2f}x the baseline ({best:,.1f} vs {base:,.1f}/s, the claimed "
+                          "speedup's pooled medians), far beyond any noise")
+                return
+            # no longer a clear win: the final check below decides
         if not (self._repeat(self.baseline, "final check: the baseline again")
                 and self._repeat(self.incumbent, f"final check: {self.incumbent.label()} again")):
             return
@@ -459,6 +462,6 @@ class Search(PooledEvidence):
             if self._slots_tie_with_baseline() and not accept(self.median(best), self.median(base), self.noise,
                                                               self.min_gain)[0]:
                 verdict += f": not slower, kept on the shared-slots tie rule ({SLOTS_TIE_REASON})"
-        cautions = () if best == base else tuple(c for c in (self._outlier_warning(best, "the winner"),
-                                                             self._outlier_warning(base, "the baseline")) if c)
+        # the winner only: the baseline's trials set the noise, so their disagreement is in it already
+        cautions = () if best == base else tuple(c for c in (self._outlier_warning(best, "the winner"),) if c)
         return dataclasses.replace(out, verdict=verdict + "".join(f"; {c}" for c in cautions), cautions=cautions)

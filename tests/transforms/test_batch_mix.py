@@ -145,3 +145,16 @@ def test_a_mix_on_uint8_output_is_refused(folder):
     plan, why = plan_random_gpu_pipeline(loader)
     assert plan is None
     assert "float" in why
+
+
+def test_a_collate_that_mixes_only_some_batches_is_refused_and_the_callers_rng_is_kept():
+    import random
+
+    mix = T2.MixUp(num_classes=CLASSES)
+    some = lambda b: mix(*default_collate(b)) if random.random() < 0.5 else default_collate(b)  # noqa: E731
+    for seed in range(10):
+        random.seed(seed)
+        state = random.getstate()
+        found, why = find_batch_mix(some)
+        assert found is None and "does more than" in why, seed
+        assert random.getstate() == state  # the probe restores Python's RNG too

@@ -225,3 +225,9 @@ def test_timm_is_not_imported_to_know_its_classes():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RandomResizedCropAndInterpolation" in out.stdout and "RandAugment" in out.stdout
+
+
+def test_a_single_level_fill_is_replayed_on_every_channel():
+    aa = timm_aa.rand_augment_transform("rand-m9", {"img_mean": 128, "interpolation": 2})
+    spec = registry.info_of(aa).replay(aa, "pil")
+    assert spec.options["fill"] == (128.0,)

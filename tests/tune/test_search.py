@@ -768,3 +768,16 @@ def test_a_claim_pooling_trials_that_disagree_beyond_the_noise_is_flagged():
     steady.start(LoaderConfig(2))
     steady.calibrate(LoaderConfig(8), "guess")
     assert "may not hold" not in steady.outcome().verdict and not steady.outcome().cautions
+
+
+def test_a_clear_win_that_the_repeats_shrink_gets_the_final_check():
+    """The profile read the baseline at 100/s, its unprofiled trial at 360/s; the winner runs at 400/s. The
+    first guess's clear win is judged again after the repeats, and the final A/B check runs."""
+    s, ev = _search(lambda cfg: 400.0 if cfg.num_workers == 8 else 360.0)
+    profiled = Measurement(windows=(100.0,), steps_per_window=4, batch_size=8, startup_s=0.0, elapsed_s=5.0,
+                           from_profile=True)
+    s.start(LoaderConfig(2), profiled)
+    s.calibrate(LoaderConfig(8), "guess")
+    s.confirm()
+    assert not any(x.startswith("final confirmation against the baseline") and "far beyond" in x for x in s.not_tried)
+    assert any(t.reason.startswith("final check") for t in s.trials), [t.reason for t in s.trials]
