@@ -19,15 +19,14 @@ device with the original's arithmetic (``roll(1, 0)``, ``mul_`` / ``add_``; the 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torchvision.transforms.v2 as T2
 from torch.utils.data import default_collate
 
+from pipeline_opt._core import rng
 from pipeline_opt.transforms.transform_info import UnsupportedTransform
 
 __all__ = ["MIX_WIDTH", "BatchMix", "ReplayCollate", "apply_batch_mix", "find_batch_mix"]
@@ -144,49 +143,28 @@ def find_batch_mix(collate_fn: Any) -> tuple[BatchMix | None, str]:
     return (None, why) if why else (mix, "")
 
 
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def _rng_states() -> tuple[Any, Any, Any]:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _same_states(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
-    return (torch.equal(a[0], b[0]) and a[1] == b[1] and bool(np.array_equal(a[2][1], b[2][1]))
-            and a[2][2:] == b[2][2:])
-
-
-def _restore(states: tuple[Any, Any, Any]) -> None:
-    torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
-
-
 def _probe(collate_fn: Any, mix: BatchMix) -> str:
     """Run the user's collate and the replay of it on one small batch from one seed (torch, Python and numpy
     RNGs, restored afterwards); '' when the outputs and every RNG's state agree."""
     classes = min(int(t.num_classes or 2) for t in BatchMix._members(mix.transform))
     gen = torch.Generator().manual_seed(0)
     batch = [(torch.rand(_PROBE_SIZE, generator=gen), i % classes) for i in range(_PROBE_BATCH)]
-    saved = _rng_states()
+    saved = rng.states()
     try:
-        _seed_all(1)
+        rng.seed_all(1)
         try:
             want = collate_fn(batch)
         except Exception as e:  # the user's function on a plain (image, label) batch
             return f"the collate_fn failed on a probe batch of (image, label) pairs: {type(e).__name__}: {e}"
-        want_states = _rng_states()
-        _seed_all(1)
+        want_states = rng.states()
+        rng.seed_all(1)
         images, labels = default_collate(batch)
         member, row = mix.draw(tuple(images.shape))
         got = (apply_batch_mix(images, row), mix.mix_labels(member, labels, row))
         # torch's and Python's / numpy's: a collate that draws with `random` (e.g. mixes only some batches) differs
-        same_state = _same_states(want_states, _rng_states())
+        same_state = rng.same_states(want_states, rng.states())
     finally:
-        _restore(saved)
+        rng.restore(saved)
     if not (isinstance(want, (tuple, list)) and len(want) == 2):
         return f"the collate_fn returns {type(want).__name__}, not (images, labels): it is not replayed"
     if not same_state or not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])):

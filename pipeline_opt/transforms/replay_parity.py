@@ -19,7 +19,6 @@ images times 255, normalised images times ``255 * std``. This is the "measured-e
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ import torch
 from PIL import Image
 
 import pipeline_opt.transforms as transforms_package
+from pipeline_opt._core import rng
 from pipeline_opt._core.grid import grid
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.datasets import make_image_folder
@@ -130,9 +130,9 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     modules = [transforms_package.replay_module(s) for s in steps]  # Kornia loads here
     pipeline = transforms_package.RandomGpuPipeline(replay.sampler, device=device)
     device = pipeline.device
-    saved = _rng_states()
+    saved = rng.states()
     try:
-        _seed_all(seed)
+        rng.seed_all(seed)
         cpu_runs = []
         for i in picked:
             path = replay.samples[i][0]
@@ -143,12 +143,12 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
                 prev = trail[-1]
                 trail.append(t(prev.clone() if isinstance(prev, torch.Tensor) else prev))
             cpu_runs.append(trail)
-        cpu_states = _rng_states()
-        _seed_all(seed)
+        cpu_states = rng.states()
+        rng.seed_all(seed)
         items = [replay[i] for i in picked]
-        same_draws = _same_states(cpu_states, _rng_states())
+        same_draws = rng.same_states(cpu_states, rng.states())
     finally:
-        _restore(saved)
+        rng.restore(saved)
 
     decode = _Stats()
     isolated = [_Stats() for _ in steps]
@@ -195,27 +195,6 @@ def measure_replay_error(dataset: Any, n: int = 16, seed: int = 0, device: torch
     log.info("replay parity: same draws %s, end-to-end mean %.3f max %.3f levels", report.same_draws,
              report.end_to_end_mean, report.end_to_end_max)
     return report
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def _rng_states() -> tuple[Any, Any, Any]:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _same_states(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
-    return (torch.equal(a[0], b[0]) and a[1] == b[1] and a[2][0] == b[2][0]
-            and bool(np.array_equal(a[2][1], b[2][1])) and tuple(a[2][2:]) == tuple(b[2][2:]))
-
-
-def _restore(states: tuple[Any, Any, Any]) -> None:
-    torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
 
 
 # ------------------------------------------------------------------------------------------ report

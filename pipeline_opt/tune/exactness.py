@@ -32,14 +32,13 @@ geometry (a wrong colour conversion or a misplaced resize moves the mean by seve
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
+from pipeline_opt._core import rng
 from pipeline_opt._core.log import get_logger
 from pipeline_opt.loading.decode import (
     EncodedJpegDataset,
@@ -315,13 +314,9 @@ def _image(item: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def same_draws(seed: int) -> Iterator[None]:
     """Seed torch, numpy and ``random`` with ``seed``; restore the caller's states afterwards."""
-    state = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
+    saved = rng.states()
+    rng.seed_all(seed)
     try:
         yield
     finally:
-        torch.set_rng_state(state[0])
-        np.random.set_state(state[1])
-        random.setstate(state[2])
+        rng.restore(saved)

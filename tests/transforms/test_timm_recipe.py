@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
+from pipeline_opt._core import rng
 from pipeline_opt.datasets import _photo_like, make_image_folder
 from pipeline_opt.loading.random_plan import Tolerance
 from pipeline_opt.transforms import registry
@@ -49,20 +49,6 @@ def _recipe(name: str, size: int = 48):
     return timm_data.create_transform(size, is_training=True, **RECIPES[name])
 
 
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def _states():
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _same(a, b) -> bool:
-    return (torch.equal(a[0], b[0]) and a[1] == b[1] and np.array_equal(a[2][1], b[2][1]) and a[2][2] == b[2][2])
-
-
 def _sizes(n: int) -> list[tuple[int, int]]:
     rng = np.random.default_rng(0)
     return [(int(rng.integers(40, 90)), int(rng.integers(40, 90))) for _ in range(n)]  # (height, width)
@@ -84,17 +70,17 @@ def test_the_draws_and_the_rng_states_equal_timms(name, monkeypatch):
     sampler = ReplaySampler(recognise(compose))
     sizes = _sizes(N)
 
-    _seed(7)
+    rng.seed_all(7)
     original_states, outputs = [], []
     for h, w in sizes:
         applied.append([])
         outputs.append(compose(Image.new("RGB", (w, h), (90, 120, 150))))
-        original_states.append(_states())
-    _seed(7)
+        original_states.append(rng.states())
+    rng.seed_all(7)
     rows = []
     for (h, w), want in zip(sizes, original_states):
         rows.append(sampler.sample(h, w))
-        assert _same(_states(), want)
+        assert rng.same_states(rng.states(), want)
 
     (policy,) = [s for s in sampler.steps if s.kind == "timm_augment"]
     for ops, params in zip(applied, rows):
